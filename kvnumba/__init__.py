@@ -1,0 +1,61 @@
+"""kvnumba: a Numba-jitted paged KV-cache block manager.
+
+The allocator state is a set of flat numpy arrays; every block operation is an
+``@njit(cache=True)`` kernel over them; :class:`BlockManager` is the thin facade that validates
+input, calls the kernels, raises typed errors and delivers callbacks.
+
+``BlockManager`` and ``PagePool`` are imported lazily, so ``import kvnumba.reference`` (the
+pure-Python model) does not load numba.
+"""
+
+from __future__ import annotations
+
+from kvnumba.errors import (
+    InvalidGeometry,
+    InvalidPosition,
+    InvalidSequence,
+    InvariantViolation,
+    KVNumbaError,
+    PoolExhausted,
+    SequenceReleased,
+    SequenceTooLong,
+    TooManySequences,
+)
+from kvnumba.results import AdmitResult, AppendResult, Stats
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "BlockManager": "kvnumba.manager",
+    "Sequence": "kvnumba.sequence",
+    "PagePool": "kvnumba.pages",
+}
+
+__all__ = [
+    "AdmitResult",
+    "AppendResult",
+    "BlockManager",
+    "InvalidGeometry",
+    "InvalidPosition",
+    "InvalidSequence",
+    "InvariantViolation",
+    "KVNumbaError",
+    "PagePool",
+    "PoolExhausted",
+    "Sequence",
+    "SequenceReleased",
+    "SequenceTooLong",
+    "Stats",
+    "TooManySequences",
+]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvnumba' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
