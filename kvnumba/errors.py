@@ -16,6 +16,10 @@ ST_TOO_LONG = 4
 ST_TOO_MANY_SEQS = 5
 ST_DUPLICATE_ID = 6
 ST_NEED_BUFFERS = 7  # scratch buffers too small for this call; the facade grows them and retries
+ST_NEGATIVE_COUNT = 8
+ST_TOKEN_MISMATCH = 9  # len(tokens) differs from the number of tokens the call appends
+ST_BAD_TOKEN = 10  # a negative token id (-1 is reserved for "no id")
+ST_BAD_LENGTH = 11  # a prompt of length < 1
 
 
 class KVNumbaError(Exception):

@@ -1,0 +1,272 @@
+"""Admitting prompts: longest cached prefix first, then the rest appended like ``append``."""
+
+import numpy as np
+from numba import njit
+
+from kvnumba._kernels.append import append_tokens
+from kvnumba._kernels.lru import lru_unlink
+from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
+from kvnumba._kernels.sequences import blocks_of, open_slot
+from kvnumba._kernels.undo import (
+    LOG_PER_BLOCK,
+    LOG_PER_SEQUENCE,
+    U_REF,
+    U_SEQLEN,
+    U_SEQTAB,
+    log_write,
+    rollback,
+)
+from kvnumba._state import (
+    M_CACHED,
+    M_FREE_TOP,
+    M_HASH_BITS,
+    M_MAX_SEQ_LEN,
+    M_PREFIX_CACHING,
+    M_PREFIX_HITS,
+    M_PREFIX_QUERIES,
+    M_SLOT_TOP,
+    M_USED,
+    S_EV_N,
+    S_EV_PAYLOAD,
+    S_LOG_N,
+    S_LOG_ON,
+)
+from kvnumba.errors import (
+    ST_BAD_LENGTH,
+    ST_BAD_TOKEN,
+    ST_NEED_BUFFERS,
+    ST_OK,
+    ST_POOL_EXHAUSTED,
+    ST_TOKEN_MISMATCH,
+    ST_TOO_LONG,
+    ST_TOO_MANY_SEQS,
+)
+
+
+@njit(cache=True)
+def lookup_prefix(prompt, salt, hits, ref, block_hash, block_salt, tokens, htab, meta):
+    """Registered blocks matching the prompt's leading full blocks, in order, into ``hits``.
+
+    At most ``(len(prompt) - 1) // block_size`` blocks are looked up (the last prompt token is
+    always computed); the walk stops at the first miss. Returns (hits, hits at refcount 0).
+    """
+    if meta[M_PREFIX_CACHING] == 0:
+        return 0, 0
+    block_size = tokens.shape[1]
+    parent = root_hash()
+    num_hits = 0
+    num_cached = 0
+    for pos in range((prompt.shape[0] - 1) // block_size):
+        chunk = prompt[pos * block_size : (pos + 1) * block_size]
+        h = chain_hash(parent, salt, chunk, meta[M_HASH_BITS])
+        b = table_find(htab, block_hash, block_salt, tokens, h, salt, chunk)
+        if b < 0:
+            break
+        hits[num_hits] = b
+        num_hits += 1
+        if ref[b] == 0:
+            num_cached += 1
+        parent = h
+    return num_hits, num_cached
+
+
+@njit(cache=True)
+def k_admit(
+    tokens_in,
+    lengths,
+    salts,
+    atomic,
+    ref,
+    lru_prev,
+    lru_next,
+    block_hash,
+    block_salt,
+    block_flags,
+    tokens,
+    free_stack,
+    htab,
+    seq_table,
+    seq_len,
+    seq_gen,
+    seq_salt,
+    seq_live,
+    slot_stack,
+    meta,
+    ulog,
+    scr,
+    meta_save,
+    ev_ids,
+    ev_hash,
+    ev_tok,
+):
+    """Batched admit.
+
+    Returns
+    -------
+    tuple
+        ``(status, bad index, needed, available, ids, num_cached_tokens, slot_mapping, ok)``.
+    """
+    num_prompts = lengths.shape[0]
+    block_size = tokens.shape[1]
+    width = seq_table.shape[1]
+    ids = np.full(num_prompts, -1, dtype=np.int64)
+    num_cached_tokens = np.zeros(num_prompts, dtype=np.int64)
+    ok = np.zeros(num_prompts, dtype=np.bool_)
+    empty = np.empty(0, dtype=np.int64)
+    # Validation first: it takes precedence over capacity and changes nothing.
+    total = 0
+    bound = 0
+    for p in range(num_prompts):
+        length = lengths[p]
+        if length < 1:
+            return ST_BAD_LENGTH, p, 0, 0, ids, num_cached_tokens, empty, ok
+        if length > meta[M_MAX_SEQ_LEN]:
+            return ST_TOO_LONG, p, 0, 0, ids, num_cached_tokens, empty, ok
+        total += length
+        bound += blocks_of(length, block_size)
+    if total != tokens_in.shape[0] or salts.shape[0] != num_prompts:
+        return ST_TOKEN_MISMATCH, -1, 0, 0, ids, num_cached_tokens, empty, ok
+    for j in range(total):
+        if tokens_in[j] < 0:
+            return ST_BAD_TOKEN, j, 0, 0, ids, num_cached_tokens, empty, ok
+    if num_prompts > meta[M_SLOT_TOP]:
+        return ST_TOO_MANY_SEQS, -1, 0, 0, ids, num_cached_tokens, empty, ok
+    available = meta[M_FREE_TOP] + meta[M_CACHED]
+    # Later prompts depend on what earlier ones did, so an atomic call of several prompts keeps
+    # an undo log; any other call checks each prompt's exact need before it writes anything.
+    logged = atomic and num_prompts > 1
+    evictions = min(bound, available) - meta[M_FREE_TOP]
+    payload = logged or scr[S_EV_PAYLOAD] != 0
+    log_size = LOG_PER_BLOCK * bound + LOG_PER_SEQUENCE * num_prompts
+    if (
+        evictions > ev_ids.shape[0]
+        or (payload and evictions > ev_tok.shape[0])
+        or (logged and log_size > ulog.shape[0])
+    ):
+        return ST_NEED_BUFFERS, -1, bound, available, ids, num_cached_tokens, empty, ok
+    saved_payload_flag = scr[S_EV_PAYLOAD]
+    if logged:
+        meta_save[:] = meta[:]
+        scr[S_LOG_N] = 0
+        scr[S_LOG_ON] = 1
+        scr[S_EV_PAYLOAD] = 1
+    scr[S_EV_N] = 0
+    hits = np.empty(width, dtype=np.int64)
+    slot_mapping = np.full(total, -1, dtype=np.int64)
+    out = 0
+    start = 0
+    needed = 0
+    for p in range(num_prompts):
+        length = lengths[p]
+        salt = salts[p]
+        prompt = tokens_in[start : start + length]
+        num_hits, cached_hits = lookup_prefix(
+            prompt, salt, hits, ref, block_hash, block_salt, tokens, htab, meta
+        )
+        need = blocks_of(length, block_size) - num_hits
+        if need > meta[M_FREE_TOP] + meta[M_CACHED] - cached_hits:
+            if not atomic:
+                out += length
+                start += length
+                continue
+            # Report what the whole call would take, later prompts looked up as things stand.
+            needed += need
+            later = start + length
+            for q in range(p + 1, num_prompts):
+                q_hits, _ = lookup_prefix(
+                    tokens_in[later : later + lengths[q]],
+                    salts[q],
+                    hits,
+                    ref,
+                    block_hash,
+                    block_salt,
+                    tokens,
+                    htab,
+                    meta,
+                )
+                needed += blocks_of(lengths[q], block_size) - q_hits
+                later += lengths[q]
+            if logged:
+                rollback(
+                    ref,
+                    lru_prev,
+                    lru_next,
+                    block_hash,
+                    block_salt,
+                    block_flags,
+                    tokens,
+                    htab,
+                    seq_table,
+                    seq_len,
+                    seq_gen,
+                    seq_salt,
+                    seq_live,
+                    meta,
+                    ulog,
+                    scr,
+                    meta_save,
+                    ev_tok,
+                )
+                scr[S_EV_PAYLOAD] = saved_payload_flag
+            ids[:] = -1
+            num_cached_tokens[:] = 0
+            ok[:] = False
+            return ST_POOL_EXHAUSTED, p, needed, available, ids, num_cached_tokens, empty, ok
+        needed += need
+        slot, new_id = open_slot(
+            salt, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, scr
+        )
+        ids[p] = new_id
+        for pos in range(num_hits):
+            b = hits[pos]
+            if ref[b] == 0:
+                lru_unlink(b, lru_prev, lru_next, meta, ulog, scr)
+                meta[M_USED] += 1
+            log_write(ulog, scr, U_REF, b, ref[b])
+            ref[b] += 1
+            log_write(ulog, scr, U_SEQTAB, slot * width + pos, seq_table[slot, pos])
+            seq_table[slot, pos] = b
+        cached = num_hits * block_size
+        log_write(ulog, scr, U_SEQLEN, slot, seq_len[slot])
+        seq_len[slot] = cached
+        if meta[M_PREFIX_CACHING] != 0:
+            meta[M_PREFIX_QUERIES] += (length - 1) // block_size
+            meta[M_PREFIX_HITS] += num_hits
+        append_tokens(
+            slot,
+            length - cached,
+            tokens_in,
+            start + cached,
+            True,
+            slot_mapping,
+            out,
+            hits,  # never written: a fresh sequence's tail is full or empty, so no COW
+            hits,
+            0,
+            ref,
+            lru_prev,
+            lru_next,
+            block_hash,
+            block_salt,
+            block_flags,
+            tokens,
+            free_stack,
+            htab,
+            seq_table,
+            seq_len,
+            seq_salt,
+            meta,
+            ulog,
+            scr,
+            ev_ids,
+            ev_hash,
+            ev_tok,
+        )
+        num_cached_tokens[p] = cached
+        ok[p] = True
+        out += length - cached
+        start += length
+    scr[S_LOG_ON] = 0
+    scr[S_EV_PAYLOAD] = saved_payload_flag
+    table_purge_evicted(htab, block_hash, ev_hash, scr[S_EV_N])
+    return ST_OK, -1, needed, available, ids, num_cached_tokens, slot_mapping[:out], ok

@@ -1,0 +1,201 @@
+"""``check()``: recompute every refcount, list, table entry and counter from scratch.
+
+The only kernel that scans the whole pool. It returns the first inconsistency as
+``(code, a, b)``; :data:`MESSAGES` turns the code into words.
+"""
+
+import numpy as np
+from numba import njit
+
+from kvnumba._kernels.prefix import chain_hash, root_hash
+from kvnumba._kernels.sequences import blocks_of
+from kvnumba._state import (
+    EMPTY,
+    F_HASHED,
+    F_KNOWN,
+    F_REGISTERED,
+    M_CACHED,
+    M_FREE_TOP,
+    M_HASH_BITS,
+    M_LIVE_SEQS,
+    M_LRU_HEAD,
+    M_LRU_TAIL,
+    M_MAX_SEQ_LEN,
+    M_REGISTERED,
+    M_SLOT_TOP,
+    M_USED,
+    NIL,
+)
+
+MESSAGES = {
+    1: "sequence slot {a}: length {b} is negative or beyond max_seq_len",
+    2: "sequence slot {a}: table entry {b} holds an out-of-range block",
+    3: "sequence slot {a}: table entry {b} is set beyond the sequence's blocks",
+    4: "free sequence slot {a} has a non-empty table or length",
+    5: "block {a}: refcount {b} differs from the references in the block tables",
+    6: "free stack position {a}: block {b} is out of range, referenced, or listed twice",
+    7: "free block {a} still has a non -1 payload or flags",
+    8: "LRU list: block {a} is out of range, referenced, unregistered or visited twice",
+    9: "LRU list: broken back link at block {a}",
+    10: "LRU list: tail is {a} but the walk ended at {b}",
+    11: "counter {a} is {b}, recomputed differently",
+    12: "block {a} is neither referenced, free nor cached",
+    13: "prefix table slot {a}: entry {b} is not a registered block or is a stale mark",
+    14: "prefix table: block {a} is registered but unreachable from its hash's home slot",
+    15: "block {a}: registered {b} times in the prefix table",
+    16: "sequence slot {a}: partial tail block {b} is hashed or has payload past its fill",
+    17: "sequence slot {a}: block at position {b} has a hash that does not match its content",
+    18: "slot stack position {a}: slot {b} is live, out of range or listed twice",
+    19: "block {a}: hashed without known content, or registered without a hash",
+}
+
+
+@njit(cache=True)
+def k_check(
+    ref,
+    lru_prev,
+    lru_next,
+    block_hash,
+    block_salt,
+    block_flags,
+    tokens,
+    free_stack,
+    htab,
+    seq_table,
+    seq_len,
+    seq_gen,
+    seq_salt,
+    seq_live,
+    slot_stack,
+    meta,
+):
+    """Return ``(0, 0, 0)`` if the state is consistent, else the first violation."""
+    num_blocks, block_size = tokens.shape
+    max_seqs, width = seq_table.shape
+    counted = np.zeros(num_blocks, dtype=np.int64)
+    live = 0
+    for s in range(max_seqs):
+        length = seq_len[s]
+        if seq_live[s] == 0:
+            if length != 0:
+                return 4, s, 0
+            for pos in range(width):
+                if seq_table[s, pos] != NIL:
+                    return 4, s, pos
+            continue
+        live += 1
+        if length < 0 or length > meta[M_MAX_SEQ_LEN]:
+            return 1, s, length
+        nblocks = blocks_of(length, block_size)
+        for pos in range(width):
+            b = seq_table[s, pos]
+            if pos < nblocks:
+                if b < 0 or b >= num_blocks:
+                    return 2, s, pos
+                counted[b] += 1
+            elif b != NIL:
+                return 3, s, pos
+        fill = length % block_size
+        if fill != 0:
+            tail = seq_table[s, nblocks - 1]
+            if block_flags[tail] & (F_HASHED | F_REGISTERED):
+                return 16, s, tail
+            for j in range(fill, block_size):
+                if tokens[tail, j] != -1:
+                    return 16, s, tail
+        # Recompute the chained hash along the sequence's hashed full blocks.
+        parent = root_hash()
+        for pos in range(length // block_size):
+            b = seq_table[s, pos]
+            if (block_flags[b] & F_HASHED) == 0:
+                break
+            h = chain_hash(parent, seq_salt[s], tokens[b], meta[M_HASH_BITS])
+            if h != block_hash[b] or block_salt[b] != seq_salt[s]:
+                return 17, s, pos
+            parent = h
+    if live != meta[M_LIVE_SEQS]:
+        return 11, M_LIVE_SEQS, meta[M_LIVE_SEQS]
+    used = 0
+    for b in range(num_blocks):
+        if counted[b] != ref[b]:
+            return 5, b, ref[b]
+        if ref[b] > 0:
+            used += 1
+        flags = block_flags[b]
+        if (flags & F_HASHED and not flags & F_KNOWN) or (
+            flags & F_REGISTERED and not flags & F_HASHED
+        ):
+            return 19, b, flags
+    if used != meta[M_USED]:
+        return 11, M_USED, meta[M_USED]
+    # Every block is in exactly one place: referenced, on the free stack, or on the LRU list.
+    seen = np.zeros(num_blocks, dtype=np.uint8)
+    for b in range(num_blocks):
+        if ref[b] > 0:
+            seen[b] = 1
+    free_top = meta[M_FREE_TOP]
+    if free_top < 0 or free_top > num_blocks:
+        return 11, M_FREE_TOP, free_top
+    for i in range(free_top):
+        b = free_stack[i]
+        if b < 0 or b >= num_blocks or seen[b] != 0:
+            return 6, i, b
+        seen[b] = 1
+        if block_flags[b] != 0:
+            return 7, b, 0
+        for j in range(block_size):
+            if tokens[b, j] != -1:
+                return 7, b, j
+    cached = 0
+    prev = NIL
+    b = meta[M_LRU_HEAD]
+    while b != NIL:
+        if b < 0 or b >= num_blocks or seen[b] != 0 or not block_flags[b] & F_REGISTERED:
+            return 8, b, 0
+        if lru_prev[b] != prev:
+            return 9, b, 0
+        seen[b] = 1
+        cached += 1
+        prev = b
+        b = lru_next[b]
+    if prev != meta[M_LRU_TAIL]:
+        return 10, meta[M_LRU_TAIL], prev
+    if cached != meta[M_CACHED]:
+        return 11, M_CACHED, meta[M_CACHED]
+    for b in range(num_blocks):
+        if seen[b] == 0:
+            return 12, b, 0
+    # Prefix table: every entry a registered block reachable from its home slot, each once.
+    mask = htab.shape[0] - 1
+    occurrences = np.zeros(num_blocks, dtype=np.int64)
+    registered = 0
+    for i in range(htab.shape[0]):
+        e = htab[i]
+        if e == EMPTY:
+            continue
+        if e < 0 or e >= num_blocks or not block_flags[e] & F_REGISTERED:
+            return 13, i, e
+        occurrences[e] += 1
+        registered += 1
+        j = np.int64(block_hash[e] & np.uint64(mask))
+        while j != i:
+            if htab[j] == EMPTY:
+                return 14, e, 0
+            j = (j + 1) & mask
+    for b in range(num_blocks):
+        expected = 1 if block_flags[b] & F_REGISTERED else 0
+        if occurrences[b] != expected:
+            return 15, b, occurrences[b]
+    if registered != meta[M_REGISTERED]:
+        return 11, M_REGISTERED, meta[M_REGISTERED]
+    # Sequence slots: the stack holds exactly the free ones.
+    slot_top = meta[M_SLOT_TOP]
+    if slot_top + live != max_seqs:
+        return 11, M_SLOT_TOP, slot_top
+    marks = np.zeros(max_seqs, dtype=np.uint8)
+    for i in range(slot_top):
+        s = slot_stack[i]
+        if s < 0 or s >= max_seqs or seq_live[s] != 0 or marks[s] != 0:
+            return 18, i, s
+        marks[s] = 1
+    return 0, 0, 0

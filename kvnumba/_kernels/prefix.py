@@ -1,0 +1,141 @@
+"""Chained content hash and the open-addressing prefix table (linear probing, in arrays).
+
+The table holds the ids of registered blocks. A block evicted during a call is not removed at
+once: its entry is overwritten with the mark ``-2 - k`` (``k`` = its eviction record, whose
+``ev_hash[k]`` keeps the old hash) and the marks are removed with backward-shift deletion when
+the call commits. So every write a logged call makes to the table is a single element, and a
+rollback restores the table byte for byte.
+"""
+
+import numpy as np
+from numba import njit
+
+from kvnumba._kernels.undo import U_HTAB, log_write
+from kvnumba._state import EMPTY, M_REGISTERED, NIL
+
+_ROOT = np.uint64(0x6A09E667F3BCC908)  # parent hash of a sequence's first block
+_SALT_KEY = np.uint64(0xBB67AE8584CAA73B)
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+_ONE = np.uint64(1)
+
+
+@njit(cache=True)
+def mix64(x):
+    """The splitmix64 finalizer: a bijective avalanche mix of a uint64."""
+    x = (x ^ (x >> np.uint64(30))) * _MIX_1
+    x = (x ^ (x >> np.uint64(27))) * _MIX_2
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True)
+def root_hash():
+    """The parent hash of a sequence's first block."""
+    return _ROOT
+
+
+@njit(cache=True)
+def chain_hash(parent, salt, block_tokens, hash_bits):
+    """Hash of one full block chained onto its parent's hash.
+
+    Parameters
+    ----------
+    parent : uint64
+        Hash of the previous block of the sequence (``root_hash()`` for the first block).
+    salt : int64
+        The sequence's salt.
+    block_tokens : int64[block_size]
+        The block's token ids.
+    hash_bits : int
+        Bits to keep (64 in production; fewer only to force collisions in tests).
+    """
+    h = mix64(parent ^ mix64(np.uint64(salt) ^ _SALT_KEY))
+    for j in range(block_tokens.shape[0]):
+        h = mix64(h ^ np.uint64(block_tokens[j]))
+    if hash_bits < 64:
+        h &= (_ONE << np.uint64(hash_bits)) - _ONE
+    return h
+
+
+@njit(cache=True)
+def _home(h, mask):
+    return np.int64(h & np.uint64(mask))
+
+
+@njit(cache=True)
+def table_find(htab, block_hash, block_salt, tokens, h, salt, probe):
+    """Registered block whose hash, salt and stored tokens all equal the query, or NIL.
+
+    The hash alone is never trusted: a colliding entry whose tokens differ is skipped.
+    """
+    mask = htab.shape[0] - 1
+    i = _home(h, mask)
+    bs = probe.shape[0]
+    while True:
+        e = htab[i]
+        if e == EMPTY:
+            return NIL
+        if e >= 0 and block_hash[e] == h and block_salt[e] == salt:
+            same = True
+            for j in range(bs):
+                if tokens[e, j] != probe[j]:
+                    same = False
+                    break
+            if same:
+                return e
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def table_insert(htab, meta, b, h, ulog, scr):
+    """Register block ``b`` under hash ``h`` (the caller checked that no equal block is)."""
+    mask = htab.shape[0] - 1
+    i = _home(h, mask)
+    while htab[i] != EMPTY:
+        i = (i + 1) & mask
+    log_write(ulog, scr, U_HTAB, i, EMPTY)
+    htab[i] = b
+    meta[M_REGISTERED] += 1
+
+
+@njit(cache=True)
+def table_mark_evicted(htab, meta, b, h, record, ulog, scr):
+    """Replace block ``b``'s entry by the mark of eviction record ``record``."""
+    mask = htab.shape[0] - 1
+    i = _home(h, mask)
+    while htab[i] != b:
+        i = (i + 1) & mask
+    log_write(ulog, scr, U_HTAB, i, b)
+    htab[i] = -2 - record
+    meta[M_REGISTERED] -= 1
+
+
+@njit(cache=True)
+def _entry_home(e, block_hash, ev_hash, mask):
+    if e >= 0:
+        return _home(block_hash[e], mask)
+    return _home(ev_hash[-2 - e], mask)
+
+
+@njit(cache=True)
+def table_purge_evicted(htab, block_hash, ev_hash, num_evicted):
+    """Remove the marks of this call's evictions (backward-shift deletion, no tombstones)."""
+    mask = htab.shape[0] - 1
+    for record in range(num_evicted):
+        mark = -2 - record
+        i = _home(ev_hash[record], mask)
+        while htab[i] != mark:
+            i = (i + 1) & mask
+        # Pull later entries of the cluster back into the hole unless their home lies in the
+        # cyclic range (hole, position]: then moving them would make them unreachable.
+        j = i
+        while True:
+            j = (j + 1) & mask
+            e = htab[j]
+            if e == EMPTY:
+                break
+            k = _entry_home(e, block_hash, ev_hash, mask)
+            if (i <= j and (k <= i or k > j)) or (i > j and k <= i and k > j):
+                htab[i] = e
+                i = j
+        htab[i] = EMPTY

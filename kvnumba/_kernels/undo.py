@@ -1,0 +1,103 @@
+"""Undo log: record every state write of a call so that a failure restores the arrays exactly.
+
+Only calls whose later steps depend on what earlier steps did (atomic ``admit`` of several
+prompts) switch the log on; every other call checks its whole need before it writes anything.
+``meta`` is saved whole at the start of a logged call, so counters, stack tops and list ends
+need no entries.
+"""
+
+from numba import njit
+
+from kvnumba._state import S_EV_N, S_LOG_N, S_LOG_ON
+
+# Field codes of log entries: (code, index, old value).
+U_REF = 0
+U_PREV = 1
+U_NEXT = 2
+U_HASH = 3  # old uint64 stored bit for bit in int64
+U_SALT = 4
+U_FLAGS = 5
+U_TOKROW = 6  # index = block; old = eviction record row holding the payload, or -1 (row was -1)
+U_HTAB = 7
+U_SEQTAB = 8  # index = slot * width + position
+U_SEQLEN = 9
+U_SEQGEN = 10
+U_SEQSALT = 11
+U_SEQLIVE = 12
+
+# Upper bounds of log entries a logged call writes, used to size the log before the call.
+LOG_PER_BLOCK = 12
+LOG_PER_SEQUENCE = 8
+
+
+@njit(cache=True)
+def log_write(ulog, scr, code, index, old):
+    """Append one entry to the undo log if the current call is logged."""
+    if scr[S_LOG_ON] != 0:
+        n = scr[S_LOG_N]
+        ulog[n, 0] = code
+        ulog[n, 1] = index
+        ulog[n, 2] = old
+        scr[S_LOG_N] = n + 1
+
+
+@njit(cache=True)
+def rollback(
+    ref,
+    lru_prev,
+    lru_next,
+    block_hash,
+    block_salt,
+    block_flags,
+    tokens,
+    htab,
+    seq_table,
+    seq_len,
+    seq_gen,
+    seq_salt,
+    seq_live,
+    meta,
+    ulog,
+    scr,
+    meta_save,
+    ev_tok,
+):
+    """Replay the undo log backwards and restore ``meta``; ends the logged call."""
+    width = seq_table.shape[1]
+    for k in range(scr[S_LOG_N] - 1, -1, -1):
+        code = ulog[k, 0]
+        i = ulog[k, 1]
+        old = ulog[k, 2]
+        if code == U_REF:
+            ref[i] = old
+        elif code == U_PREV:
+            lru_prev[i] = old
+        elif code == U_NEXT:
+            lru_next[i] = old
+        elif code == U_HASH:
+            block_hash[i] = old
+        elif code == U_SALT:
+            block_salt[i] = old
+        elif code == U_FLAGS:
+            block_flags[i] = old
+        elif code == U_TOKROW:
+            if old < 0:
+                tokens[i, :] = -1
+            else:
+                tokens[i, :] = ev_tok[old, :]
+        elif code == U_HTAB:
+            htab[i] = old
+        elif code == U_SEQTAB:
+            seq_table[i // width, i % width] = old
+        elif code == U_SEQLEN:
+            seq_len[i] = old
+        elif code == U_SEQGEN:
+            seq_gen[i] = old
+        elif code == U_SEQSALT:
+            seq_salt[i] = old
+        else:
+            seq_live[i] = old
+    meta[:] = meta_save[:]
+    scr[S_LOG_N] = 0
+    scr[S_LOG_ON] = 0
+    scr[S_EV_N] = 0

@@ -1,0 +1,545 @@
+"""``BlockManager``: the facade over the kernels.
+
+Each public call validates and converts its input, calls one kernel with the state arrays as
+explicit arguments, turns a non-zero status into a typed exception and, once the kernel has
+committed, delivers the ``on_evict`` callback. One manager is used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+
+import numpy as np
+
+from kvnumba import errors as E
+from kvnumba._inputs import index_array, positive_int
+from kvnumba._kernels.admit import k_admit
+from kvnumba._kernels.append import k_append, k_can_append
+from kvnumba._kernels.check import MESSAGES, k_check
+from kvnumba._kernels.sequences import (
+    SLOT_BITS,
+    SLOT_MASK,
+    k_block_tables,
+    k_fork,
+    k_new_sequences,
+    k_release,
+    k_seq_lens,
+    resolve,
+)
+from kvnumba._kernels.undo import LOG_PER_BLOCK, LOG_PER_SEQUENCE
+from kvnumba._state import (
+    M_ALLOCATIONS,
+    M_CACHED,
+    M_COW_COPIES,
+    M_EVICTIONS,
+    M_FREE_TOP,
+    M_MAX_SEQ_LEN,
+    M_PREFIX_HITS,
+    M_PREFIX_QUERIES,
+    M_USED,
+    S_EV_N,
+    S_EV_PAYLOAD,
+    State,
+    new_scratch,
+    new_state,
+)
+from kvnumba.results import AdmitResult, AppendResult, Stats
+
+_NO_TOKENS = np.empty(0, dtype=np.int64)
+DEFAULT_MAX_SEQS = 1024
+DEFAULT_MAX_SEQ_LEN = 32768
+
+
+class BlockManager:
+    """A paged KV-cache block manager over a fixed pool of equal-size blocks.
+
+    Parameters
+    ----------
+    num_blocks : int
+        Blocks in the pool.
+    block_size : int
+        Token slots per block.
+    max_seqs : int, default 1024
+        Live sequences at most (the block tables are ``max_seqs x ceil(max_seq_len /
+        block_size)`` int32).
+    max_seq_len : int, optional
+        Tokens per sequence at most; ``min(num_blocks * block_size, 32768)`` by default.
+    prefix_caching : bool, default True
+        Keep released full blocks with known content cached for reuse by ``admit``.
+    on_evict : callable, optional
+        ``on_evict(block_ids, block_hashes, tokens)`` with int64 ids, uint64 hashes and an
+        int64 ``(n, block_size)`` payload copy, called once per API call that reclaimed cached
+        blocks, after the call committed.
+    page_pool : PagePool, optional
+        Two-level allocation over a shared physical page pool (not available yet).
+    blocks_per_page : int, optional
+        Blocks per virtual page with ``page_pool``.
+
+    Notes
+    -----
+    Not thread-safe: use one manager from one thread at a time. State lives in the flat arrays
+    of :attr:`state`; see ``docs/design.md`` for the allocation policy.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        max_seqs: int = DEFAULT_MAX_SEQS,
+        max_seq_len: int | None = None,
+        prefix_caching: bool = True,
+        on_evict: Callable | None = None,
+        page_pool=None,
+        blocks_per_page: int | None = None,
+        _hash_bits: int = 64,
+    ):
+        geometry = E.InvalidGeometry
+        num_blocks = positive_int(num_blocks, "num_blocks", geometry)
+        block_size = positive_int(block_size, "block_size", geometry)
+        max_seqs = positive_int(max_seqs, "max_seqs", geometry)
+        if max_seq_len is None:
+            max_seq_len = min(num_blocks * block_size, DEFAULT_MAX_SEQ_LEN)
+        max_seq_len = positive_int(max_seq_len, "max_seq_len", geometry)
+        if num_blocks >= 2**31 - 1 or max_seqs >= 2**31 - 1:
+            raise geometry("num_blocks and max_seqs must be below 2**31 - 1 (int32 block ids)")
+        if page_pool is not None or blocks_per_page is not None:
+            raise NotImplementedError("physical page pools are not implemented yet")
+        if on_evict is not None and not callable(on_evict):
+            raise TypeError("on_evict must be callable")
+        if not 0 <= _hash_bits <= 64:
+            raise geometry("_hash_bits must be in [0, 64]")
+        self._num_blocks = num_blocks
+        self._block_size = block_size
+        self._max_seqs = max_seqs
+        self._max_seq_len = max_seq_len
+        self._prefix_caching = bool(prefix_caching)
+        self._on_evict = on_evict
+        blocks_per_seq = -(-max_seq_len // block_size)
+        self._s = new_state(
+            num_blocks, block_size, max_seqs, blocks_per_seq, self._prefix_caching, _hash_bits
+        )
+        self._s.meta[M_MAX_SEQ_LEN] = max_seq_len
+        self._scratch = list(new_scratch(num_blocks, block_size, max_seqs))
+        self._scratch[1][S_EV_PAYLOAD] = 1 if on_evict is not None else 0
+        views = []
+        for array in self._s:
+            view = array.view()
+            view.flags.writeable = False
+            views.append(view)
+        self._views = State(*views)
+        self._failed_calls = 0
+        self._bind()
+
+    # ------------------------------------------------------------------ kernel argument tuples
+    def _bind(self):
+        """Pre-build the argument tuples of the kernels (after any scratch buffer grew)."""
+        s = self._s
+        ulog, scr, meta_save, ev_ids, ev_hash, ev_tok, seq_mark = self._scratch
+        self._append_args = (
+            s.ref, s.lru_prev, s.lru_next, s.block_hash, s.block_salt, s.block_flags, s.tokens,
+            s.free_stack, s.htab, s.seq_table, s.seq_len, s.seq_gen, s.seq_salt, s.seq_live,
+            s.meta, ulog, scr, ev_ids, ev_hash, ev_tok, seq_mark,
+        )  # fmt: skip
+        self._admit_args = (
+            s.ref, s.lru_prev, s.lru_next, s.block_hash, s.block_salt, s.block_flags, s.tokens,
+            s.free_stack, s.htab, s.seq_table, s.seq_len, s.seq_gen, s.seq_salt, s.seq_live,
+            s.slot_stack, s.meta, ulog, scr, meta_save, ev_ids, ev_hash, ev_tok,
+        )  # fmt: skip
+        self._release_args = (
+            s.ref, s.lru_prev, s.lru_next, s.block_flags, s.tokens, s.free_stack, s.seq_table,
+            s.seq_len, s.seq_gen, s.seq_salt, s.seq_live, s.slot_stack, s.meta, ulog, scr,
+            seq_mark,
+        )  # fmt: skip
+        self._fork_args = (
+            s.ref, self._block_size, s.seq_table, s.seq_len, s.seq_gen, s.seq_salt, s.seq_live,
+            s.slot_stack, s.meta, ulog, scr, seq_mark,
+        )  # fmt: skip
+        self._new_args = (
+            s.seq_len,
+            s.seq_gen,
+            s.seq_salt,
+            s.seq_live,
+            s.slot_stack,
+            s.meta,
+            ulog,
+            scr,
+        )
+        self._tables_args = (
+            self._block_size, s.seq_table, s.seq_len, s.seq_gen, s.seq_live, seq_mark, scr,
+        )  # fmt: skip
+        self._lens_args = (s.seq_len, s.seq_gen, s.seq_live, seq_mark, scr)
+        self._can_args = (
+            s.ref, self._block_size, s.seq_table, s.seq_len, s.seq_gen, s.seq_live, s.meta, scr,
+            seq_mark,
+        )  # fmt: skip
+
+    def _grow_records(self, evictions: int, blocks: int = 0, prompts: int = 0):
+        """Grow the eviction records (and the undo log) so a call of this size fits."""
+        ulog, scr, meta_save, ev_ids, ev_hash, ev_tok, seq_mark = self._scratch
+        rows = max(2 * ev_ids.shape[0], int(evictions))
+        self._scratch[3] = np.zeros(rows, dtype=np.int64)
+        self._scratch[4] = np.zeros(rows, dtype=np.uint64)
+        if scr[S_EV_PAYLOAD] != 0 or blocks:
+            self._scratch[5] = np.zeros((rows, self._block_size), dtype=np.int64)
+        log_rows = LOG_PER_BLOCK * int(blocks) + LOG_PER_SEQUENCE * int(prompts)
+        if log_rows > ulog.shape[0]:
+            self._scratch[0] = np.zeros((max(log_rows, 2 * ulog.shape[0]), 3), dtype=np.int64)
+        self._bind()
+
+    # ----------------------------------------------------------------------------- properties
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        """Token slots per block."""
+        return self._block_size
+
+    @property
+    def max_seqs(self) -> int:
+        """Live sequences at most."""
+        return self._max_seqs
+
+    @property
+    def max_seq_len(self) -> int:
+        """Tokens per sequence at most."""
+        return self._max_seq_len
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether released full blocks stay cached for prefix reuse."""
+        return self._prefix_caching
+
+    @property
+    def state(self) -> State:
+        """Read-only views of the state arrays (see :class:`kvnumba._state.State`)."""
+        return self._views
+
+    def snapshot(self) -> State:
+        """Copies of the state arrays; compare two snapshots field by field."""
+        return State(*(array.copy() for array in self._s))
+
+    # ---------------------------------------------------------------------------- batched API
+    def new_sequences(self, count: int) -> np.ndarray:
+        """Create ``count`` empty sequences.
+
+        Parameters
+        ----------
+        count : int
+            Sequences to create (>= 0).
+
+        Returns
+        -------
+        numpy.ndarray of int64, shape (count,)
+            The new ids.
+
+        Raises
+        ------
+        TooManySequences
+            If fewer than ``count`` sequence slots are free.
+        """
+        count = operator.index(count)
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        status, ids = k_new_sequences(count, *self._new_args)
+        if status:
+            self._raise(status, -1, None, requested=count)
+        return ids
+
+    def append(self, ids, counts, tokens=None, *, atomic: bool = True) -> AppendResult:
+        """Grow each sequence ``ids[i]`` by ``counts[i]`` tokens.
+
+        Parameters
+        ----------
+        ids : 1-D integer array-like
+            Live sequence ids, no duplicates.
+        counts : 1-D integer array-like
+            Tokens to append per sequence (>= 0).
+        tokens : 1-D integer array-like, optional
+            The new token ids (>= 0), concatenated in ``ids`` order; without them the slots
+            read -1 and the blocks are never cached.
+        atomic : bool, default True
+            All or nothing (raise ``PoolExhausted``); otherwise each sequence in input order,
+            all-or-nothing, and ``ok`` tells which grew.
+
+        Returns
+        -------
+        AppendResult
+            ``slot_mapping`` per token, the ``cow_src -> cow_dst`` block copies to perform
+            on the device, in order, and ``ok`` per sequence.
+
+        Raises
+        ------
+        PoolExhausted
+            Atomic mode, when the blocks needed exceed free plus cached blocks.
+        InvalidSequence, SequenceReleased, SequenceTooLong
+            For a bad id or a sequence that would exceed ``max_seq_len``.
+        ValueError, TypeError
+            For malformed input. Nothing is changed by any failed call.
+        """
+        ids = index_array(ids, "ids")
+        counts = index_array(counts, "counts")
+        if tokens is None:
+            tokens_in, has_tokens = _NO_TOKENS, False
+        else:
+            tokens_in, has_tokens = index_array(tokens, "tokens"), True
+        while True:
+            result = k_append(ids, counts, tokens_in, has_tokens, atomic, *self._append_args)
+            status = result[0]
+            if status != E.ST_NEED_BUFFERS:
+                break
+            self._grow_records(result[2])
+        if status:
+            self._raise(
+                status, result[1], ids, counts=counts, needed=result[2], available=result[3]
+            )
+        ok = result[7]
+        self._after_call(ok)
+        return AppendResult(result[4], result[5], result[6], ok)
+
+    def admit(self, tokens, lengths, *, salts=None, atomic: bool = True) -> AdmitResult:
+        """Create one sequence per prompt, reusing the longest cached prefix of each.
+
+        Parameters
+        ----------
+        tokens : 1-D integer array-like
+            All prompts' token ids (>= 0), concatenated.
+        lengths : 1-D integer array-like
+            Tokens per prompt (each >= 1).
+        salts : 1-D integer array-like, optional
+            Per-prompt cache salt (default 0); blocks are never shared across salts.
+        atomic : bool, default True
+            All prompts or none; otherwise prompts are served in order, each all-or-nothing.
+
+        Returns
+        -------
+        AdmitResult
+            ``ids`` (-1 for a prompt that did not fit), ``num_cached_tokens`` per prompt,
+            ``slot_mapping`` of the uncached tokens in prompt order, ``ok``.
+
+        Raises
+        ------
+        PoolExhausted
+            Atomic mode, when the prompts do not fit.
+        SequenceTooLong, TooManySequences, ValueError, TypeError
+            For input that can never be served. Nothing is changed by any failed call.
+        """
+        tokens_in = index_array(tokens, "tokens")
+        lengths = index_array(lengths, "lengths")
+        if salts is None:
+            salts = np.zeros(lengths.shape[0], dtype=np.int64)
+        else:
+            salts = index_array(salts, "salts")
+            if salts.shape != lengths.shape:
+                raise ValueError(
+                    f"salts has {salts.shape[0]} entries for {lengths.shape[0]} prompts"
+                )
+        while True:
+            result = k_admit(tokens_in, lengths, salts, atomic, *self._admit_args)
+            status = result[0]
+            if status != E.ST_NEED_BUFFERS:
+                break
+            self._grow_records(min(result[2], self._num_blocks), result[2], lengths.shape[0])
+        if status:
+            self._raise(
+                status,
+                result[1],
+                None,
+                lengths=lengths,
+                tokens=tokens_in,
+                needed=result[2],
+                available=result[3],
+            )
+        ok = result[7]
+        self._after_call(ok)
+        return AdmitResult(result[4], result[5], result[6], ok)
+
+    def fork(self, ids, n: int = 1) -> np.ndarray:
+        """Give every sequence ``n`` children that share all of its blocks.
+
+        Parameters
+        ----------
+        ids : 1-D integer array-like
+            Live parent ids.
+        n : int, default 1
+            Children per parent (>= 1).
+
+        Returns
+        -------
+        numpy.ndarray of int64, shape (len(ids), n)
+            The children's ids.
+        """
+        ids = index_array(ids, "ids")
+        if isinstance(n, bool):
+            raise TypeError("n must be an integer")
+        n = operator.index(n)
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        status, bad, children = k_fork(ids, n, *self._fork_args)
+        if status:
+            self._raise(status, bad, ids, requested=ids.shape[0] * n)
+        return children
+
+    def release(self, ids) -> None:
+        """Drop every reference of each sequence, tail block first.
+
+        Full blocks with known content stay cached (least recently used reclaimed first);
+        every other block returns to the free list. The ids become invalid forever.
+        """
+        ids = index_array(ids, "ids")
+        status, bad = k_release(ids, *self._release_args)
+        if status:
+            self._raise(status, bad, ids)
+
+    def block_tables(self, ids) -> np.ndarray:
+        """Block tables of ``ids`` as int32 ``(len(ids), width)``, padded with -1."""
+        ids = index_array(ids, "ids")
+        status, bad, tables = k_block_tables(ids, *self._tables_args)
+        if status:
+            self._raise(status, bad, ids)
+        return tables
+
+    def seq_lens(self, ids) -> np.ndarray:
+        """Tokens held by each sequence of ``ids`` (int64)."""
+        ids = index_array(ids, "ids")
+        status, bad, lengths = k_seq_lens(ids, *self._lens_args)
+        if status:
+            self._raise(status, bad, ids)
+        return lengths
+
+    def can_append(self, ids, counts) -> bool:
+        """Whether ``append(ids, counts, atomic=True)`` would succeed now (input validated)."""
+        ids = index_array(ids, "ids")
+        counts = index_array(counts, "counts")
+        status, bad, fits = k_can_append(ids, counts, *self._can_args)
+        if status:
+            self._raise(status, bad, ids, counts=counts)
+        return bool(fits)
+
+    # ---------------------------------------------------------------------- single sequences
+    def sequence(self):
+        """A new empty sequence as a :class:`kvnumba.Sequence` handle."""
+        from kvnumba.sequence import Sequence
+
+        return Sequence(self, int(self.new_sequences(1)[0]))
+
+    def is_live(self, seq_id: int) -> bool:
+        """Whether ``seq_id`` names a live sequence of this manager."""
+        status, _ = resolve(int(seq_id), self._s.seq_gen, self._s.seq_live)
+        return status == E.ST_OK
+
+    # -------------------------------------------------------------------------- introspection
+    def check(self) -> None:
+        """Recompute every invariant from scratch (O(pool)); raise on the first violation.
+
+        Raises
+        ------
+        InvariantViolation
+            Naming the first inconsistency found.
+        """
+        code, a, b = k_check(*self._s)
+        if code:
+            raise E.InvariantViolation(MESSAGES[code].format(a=a, b=b))
+        scr = self._scratch[1]
+        if scr[S_EV_N] < 0:
+            raise E.InvariantViolation("eviction record count is negative")
+
+    def stats(self) -> Stats:
+        """Block counts and counters of committed work (see :class:`kvnumba.Stats`)."""
+        meta = self._s.meta
+        return Stats(
+            used=int(meta[M_USED]),
+            cached=int(meta[M_CACHED]),
+            free=int(meta[M_FREE_TOP]),
+            allocations=int(meta[M_ALLOCATIONS]),
+            evictions=int(meta[M_EVICTIONS]),
+            cow_copies=int(meta[M_COW_COPIES]),
+            prefix_queries=int(meta[M_PREFIX_QUERIES]),
+            prefix_hits=int(meta[M_PREFIX_HITS]),
+            mapped_pages=0,
+            failed_calls=self._failed_calls,
+        )
+
+    def ref_count(self, block: int) -> int:
+        """Reference count of ``block``."""
+        block = operator.index(block)
+        if not 0 <= block < self._num_blocks:
+            raise E.InvalidPosition(f"block {block} is outside the pool of {self._num_blocks}")
+        return int(self._s.ref[block])
+
+    def mapped_pages(self) -> np.ndarray:
+        """Physical page ids this manager holds (empty without a page pool)."""
+        return np.empty(0, dtype=np.int64)
+
+    # ---------------------------------------------------------------------------- internals
+    def _after_call(self, ok: np.ndarray) -> None:
+        """Count a partial failure and deliver the eviction callback of a committed call."""
+        if not ok.all():
+            self._failed_calls += 1
+        if self._on_evict is not None:
+            scr, ev_ids, ev_hash, ev_tok = (self._scratch[i] for i in (1, 3, 4, 5))
+            n = int(scr[S_EV_N])
+            if n:
+                self._on_evict(ev_ids[:n].copy(), ev_hash[:n].copy(), ev_tok[:n].copy())
+
+    def _raise(
+        self,
+        status,
+        bad,
+        ids,
+        *,
+        counts=None,
+        lengths=None,
+        tokens=None,
+        requested=0,
+        needed=0,
+        available=0,
+    ):
+        """Raise the typed exception of a kernel status (the kernel changed nothing)."""
+        if status == E.ST_POOL_EXHAUSTED:
+            self._failed_calls += 1
+            raise E.PoolExhausted(needed, available)
+        if status == E.ST_RELEASED_SEQ:
+            raise E.SequenceReleased(ids[bad])
+        if status == E.ST_UNKNOWN_SEQ:
+            raise E.InvalidSequence(ids[bad])
+        if status == E.ST_DUPLICATE_ID:
+            raise ValueError(f"sequence id {int(ids[bad])} appears more than once in one call")
+        if status == E.ST_NEGATIVE_COUNT:
+            raise ValueError(f"counts[{bad}] = {int(counts[bad])} is negative")
+        if status == E.ST_BAD_LENGTH:
+            raise ValueError(
+                f"lengths[{bad}] = {int(lengths[bad])}: every prompt needs at least one token"
+            )
+        if status == E.ST_BAD_TOKEN:
+            raise ValueError(f"tokens[{bad}] is negative; token ids must be >= 0")
+        if status == E.ST_TOKEN_MISMATCH:
+            if counts is not None and counts.shape != ids.shape:
+                raise ValueError(f"counts has {counts.shape[0]} entries for {ids.shape[0]} ids")
+            if lengths is not None:
+                raise ValueError(
+                    f"tokens has {tokens.shape[0]} entries but lengths sum to {int(lengths.sum())}"
+                )
+            raise ValueError(
+                f"tokens does not hold one id per appended token ({int(counts.sum())})"
+            )
+        if status == E.ST_TOO_LONG:
+            if lengths is not None:
+                raise E.SequenceTooLong(-1, lengths[bad], self._max_seq_len)
+            length = self.seq_lens(ids[bad : bad + 1])[0] + counts[bad]
+            raise E.SequenceTooLong(ids[bad], length, self._max_seq_len)
+        if status == E.ST_TOO_MANY_SEQS:
+            free = self._max_seqs - int(np.count_nonzero(self._s.seq_live))
+            raise E.TooManySequences(
+                requested or (0 if lengths is None else lengths.shape[0]), free, self._max_seqs
+            )
+        raise RuntimeError(f"unexpected kernel status {status}")  # pragma: no cover
+
+
+def split_id(seq_id: int) -> tuple[int, int]:
+    """``(generation, slot)`` of a sequence id (for debugging and tests)."""
+    return seq_id >> SLOT_BITS, seq_id & SLOT_MASK
