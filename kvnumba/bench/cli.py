@@ -1,0 +1,229 @@
+"""``kvnumba bench``: the standard workloads on kvnumba and on the pure-Python reference.
+
+Both implementations replay the same batched operations in the same process; the table shows
+the median allocator time of each, their ratio, and what each did (blocks allocated,
+copy-on-write copies, evictions, failed sequences), which must agree: the command exits with
+status 1 when it does not. Budgets of ``SPEC.md`` are evaluated and printed but never fail the
+command (timings on a shared CI machine are not gates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kvnumba.bench import runner, workloads
+
+EXIT_DISAGREE = 1
+EXIT_USAGE = 2
+
+# Counters shown in the table (all of runner.Counters must agree, these are the ones printed).
+SHOWN = (("allocations", "blocks"), ("cow_copies", "COW"), ("evictions", "evict"))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvnumba bench",
+        description="Run the standard workloads (shared/bench/WORKLOADS.md) on kvnumba and on "
+        "the pure-Python reference, in the same process, and compare.",
+    )
+    p.add_argument("--quick", action="store_true", help="short step counts (CI smoke)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead")
+    p.add_argument(
+        "--workload",
+        action="append",
+        metavar="NAME",
+        help="run only this workload (repeatable): decode, fork, fork-nofork, churn, micro "
+        "(all micro-K) or micro-K",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="timed repetitions per workload and implementation (default 5, 1 with --quick)",
+    )
+    p.add_argument(
+        "--impl",
+        choices=("kvnumba", "reference"),
+        default="kvnumba",
+        help="implementation compared with the reference (default kvnumba.BlockManager; "
+        "'reference' smoke-tests the harness itself)",
+    )
+    return p
+
+
+def _select(names: list[str] | None, available: dict) -> list[str]:
+    if not names:
+        return list(available)
+    out: list[str] = []
+    for name in names:
+        # "micro" names the four micro-K workloads at once.
+        hits = [n for n in available if n == name or (name == "micro" and n.startswith("micro-"))]
+        if not hits:
+            raise ValueError(f"unknown workload {name!r}; choose from {', '.join(available)}")
+        out += [h for h in hits if h not in out]
+    return out
+
+
+def _row(wl: workloads.Workload, fast: runner.RunResult, ref: runner.RunResult) -> dict:
+    """One workload's comparison, JSON-ready."""
+    fc, rc = fast.counters, ref.counters
+    row = {
+        "workload": wl.name,
+        "steps": wl.num_steps,
+        "num_blocks": wl.num_blocks,
+        "kvnumba": fast.to_dict(),
+        "reference": ref.to_dict(),
+        "ratio": ref.median_ns / max(fast.median_ns, 1.0),
+        "agree": fc == rc,
+    }
+    if wl.name.startswith("micro-"):
+        k = int(wl.name.split("-")[1])
+        blocks = k * wl.num_steps
+        for side, res in (("kvnumba", fast), ("reference", ref)):
+            row[side]["alloc_ns_per_block"] = res.kind_median_ns("prefill") / blocks
+            row[side]["free_ns_per_block"] = res.kind_median_ns("release") / blocks
+            row[side]["alloc_us_per_call"] = res.kind_median_ns("prefill") / 1e3 / wl.num_steps
+            row[side]["free_us_per_call"] = res.kind_median_ns("release") / 1e3 / wl.num_steps
+    return row
+
+
+def _budgets(rows: dict[str, dict]) -> list[dict]:
+    """The budgets of SPEC.md that the measured workloads speak to."""
+    out = []
+
+    def budget(name, value, limit, unit, at_most=True):
+        holds = value <= limit if at_most else value >= limit
+        rel = "<=" if at_most else ">="
+        out.append(
+            {
+                "budget": name,
+                "value": value,
+                "rel": rel,
+                "limit": limit,
+                "unit": unit,
+                "holds": holds,
+            }
+        )
+
+    if "decode" in rows:
+        budget("W-decode time per step", rows["decode"]["kvnumba"]["us_per_step"], 15, "us")
+        budget("W-decode vs reference", rows["decode"]["ratio"], 25, "x", at_most=False)
+    if "fork" in rows:
+        budget("W-fork vs reference", rows["fork"]["ratio"], 25, "x", at_most=False)
+    if "micro-4096" in rows:
+        kv = rows["micro-4096"]["kvnumba"]
+        budget("W-micro allocate at 4096", kv["alloc_ns_per_block"], 10, "ns/block")
+        budget("W-micro free at 4096", kv["free_ns_per_block"], 10, "ns/block")
+    if "micro-1" in rows:
+        kv = rows["micro-1"]["kvnumba"]
+        budget("1-sequence append call", kv["alloc_us_per_call"], 3, "us")
+        budget("1-sequence release call", kv["free_us_per_call"], 3, "us")
+    return out
+
+
+def _fmt_counter(row: dict, key: str) -> str:
+    a = row["kvnumba"]["counters"][key]
+    b = row["reference"]["counters"][key]
+    return f"{a}" if a == b else f"{a}!={b}"
+
+
+def _print_table(doc: dict) -> None:
+    rows = doc["workloads"]
+    head = (
+        f"{'workload':<12} {'steps':>5} {'kvnumba':>12} {'reference':>12} {'ratio':>7}  "
+        f"{'blocks':>8} {'COW':>6} {'evict':>7} {'failed':>6}  agree"
+    )
+    print(f"kvnumba bench ({'quick' if doc['quick'] else 'full'}, median of {doc['repeat']})")
+    print("times: allocator time per step (us), prologue included\n")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(
+            f"{r['workload']:<12} {r['steps']:>5} {r['kvnumba']['us_per_step']:>12.2f} "
+            f"{r['reference']['us_per_step']:>12.2f} {r['ratio']:>6.1f}x  "
+            f"{_fmt_counter(r, 'allocations'):>8} {_fmt_counter(r, 'cow_copies'):>6} "
+            f"{_fmt_counter(r, 'evictions'):>7} {_fmt_counter(r, 'failures'):>6}  "
+            f"{'yes' if r['agree'] else 'NO'}"
+        )
+    micro = [r for r in rows if r["workload"].startswith("micro-")]
+    if micro:
+        print("\nW-micro, ns per block (kvnumba / reference)")
+        for r in micro:
+            kv, ref = r["kvnumba"], r["reference"]
+            print(
+                f"  {r['workload']:<11} allocate {kv['alloc_ns_per_block']:8.1f} / "
+                f"{ref['alloc_ns_per_block']:8.1f}   free {kv['free_ns_per_block']:8.1f} / "
+                f"{ref['free_ns_per_block']:8.1f}"
+            )
+    if doc["budgets"]:
+        note = " (quick run: indicative only)" if doc["quick"] else ""
+        print(f"\nbudgets of SPEC.md{note}")
+        for b in doc["budgets"]:
+            print(
+                f"  {'ok  ' if b['holds'] else 'MISS'} {b['budget']:<28} "
+                f"{b['value']:10.2f} {b['unit']:<9} (budget {b['rel']} {b['limit']})"
+            )
+    if not doc["agree"]:
+        print("\nkvnumba and the reference DISAGREE on what the workloads did")
+
+
+def _load_impl(name: str):
+    if name == "reference":
+        from kvnumba.reference import ReferenceBlockManager
+
+        return ReferenceBlockManager
+    from kvnumba.manager import BlockManager
+
+    return BlockManager
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``kvnumba bench``.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Arguments after ``bench``; ``sys.argv[2:]`` semantics, default ``[]``.
+
+    Returns
+    -------
+    int
+        0 when every workload ran and both implementations agree, 1 when they disagree, 2 on a
+        usage error.
+    """
+    args = _parser().parse_args([] if argv is None else argv)
+    available = workloads.standard(quick=args.quick)
+    try:
+        names = _select(args.workload, available)
+    except ValueError as exc:
+        print(f"kvnumba bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    repeat = args.repeat if args.repeat is not None else (1 if args.quick else 5)
+    if repeat < 1:
+        print("kvnumba bench: --repeat must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    from kvnumba.reference import ReferenceBlockManager
+
+    fast_cls = _load_impl(args.impl)
+    rows = {}
+    for name in names:
+        wl = available[name]()
+        print(f"running {name} ({wl.num_steps} steps) ...", file=sys.stderr, flush=True)
+        fast = runner.run(wl, fast_cls, repeat=repeat, impl=args.impl)
+        ref = runner.run(wl, ReferenceBlockManager, repeat=repeat, impl="reference")
+        rows[name] = _row(wl, fast, ref)
+    doc = {
+        "quick": args.quick,
+        "repeat": repeat,
+        "impl": args.impl,
+        "workloads": list(rows.values()),
+        "budgets": _budgets(rows),
+        "agree": all(r["agree"] for r in rows.values()),
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_table(doc)
+    return 0 if doc["agree"] else EXIT_DISAGREE
