@@ -1,0 +1,406 @@
+"""Continuous-batching replay of a request trace through a block manager.
+
+The engine model, per decode step ``t`` (one step lasts ``step_ms`` of trace time, so a
+request arriving at ``arrival_ms`` joins the waiting queue at step ``floor(arrival_ms /
+step_ms)``):
+
+1. arrivals join the tail of the waiting queue; a request whose prompt plus output exceeds
+   ``max_seq_len`` or the whole pool can never run and is rejected;
+2. decode: every running sequence with output left appends one generated token, in one batched
+   ``append(..., atomic=False)``; if some appends fail for lack of blocks, the newest running
+   sequence is preempted (released and put back at the *front* of the queue, to be recomputed
+   from its prompt plus the tokens it had generated) and the failed appends are retried;
+3. finished sequences are released in one batched ``release``;
+4. admission: the head of the queue (at most ``max_batch`` running sequences, optionally a
+   prefill token budget) is offered to one batched ``admit(..., atomic=False)``; prompts that
+   did not fit stay queued in order.
+
+Idle stretches (nothing running, nothing waiting) are skipped, not simulated. Only the calls
+that an engine would make on its critical path (``admit``, ``append``, ``release``) are timed;
+``stats()``, used here for bookkeeping, is not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvnumba.sim.traces import Request, output_tokens
+
+#: Default pool geometry: 512Ki token slots, so the longest Mooncake request (191,386 tokens
+#: with its output) fits with room for the cache; and 192Ki tokens per sequence.
+DEFAULT_POOL_TOKENS = 1 << 19
+DEFAULT_MAX_SEQ_LEN = 196_608
+DEFAULT_STEP_MS = 30.0
+
+
+def default_manager_factory(num_blocks: int, block_size: int, **kwargs):
+    """Build a :class:`kvnumba.BlockManager` (imported lazily: it loads numba)."""
+    from kvnumba import BlockManager
+
+    return BlockManager(num_blocks, block_size, **kwargs)
+
+
+def reference_manager_factory(num_blocks: int, block_size: int, **kwargs):
+    """Build the pure-Python :class:`kvnumba.reference.ReferenceBlockManager` (slow)."""
+    from kvnumba.reference import ReferenceBlockManager
+
+    return ReferenceBlockManager(num_blocks, block_size, **kwargs)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Knobs of one simulation.
+
+    Attributes
+    ----------
+    num_blocks : int
+        Blocks in the pool; default ``DEFAULT_POOL_TOKENS // block_size``.
+    block_size : int
+        Tokens per block.
+    max_batch : int
+        Most running sequences at once (also the manager's ``max_seqs``).
+    max_seq_len : int
+        The manager's ``max_seq_len``; longer requests are rejected.
+    prefix_caching : bool
+        Passed to the manager.
+    step_ms : float
+        Trace milliseconds per decode step.
+    max_prefill_tokens : int or None
+        Cap on the prompt tokens offered to one ``admit`` call (the first queued prompt is
+        always offered); ``None`` for no cap.
+    """
+
+    num_blocks: int | None = None
+    block_size: int = 16
+    max_batch: int = 256
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN
+    prefix_caching: bool = True
+    step_ms: float = DEFAULT_STEP_MS
+    max_prefill_tokens: int | None = None
+
+    @property
+    def blocks(self) -> int:
+        """The pool size actually used (resolves the ``None`` default)."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        return max(1, DEFAULT_POOL_TOKENS // self.block_size)
+
+
+@dataclass
+class SimResult:
+    """Outcome of :meth:`Simulator.run`.
+
+    Per-request arrays are indexed by :attr:`Request.index`; per-step arrays have one entry per
+    simulated step (idle stretches are skipped, ``steps`` holds the step numbers).
+    """
+
+    requests: int
+    served_count: np.ndarray  # int64 per request: 1 if served (must never exceed 1)
+    rejected: np.ndarray  # bool per request
+    preempted_count: np.ndarray  # int64 per request
+    admitted_tokens: int  # prompt tokens offered by successful admits (recomputes included)
+    cached_tokens: int  # of which served from the prefix cache
+    cow_copies: int
+    evictions: int
+    steps: np.ndarray = field(repr=False)
+    used: np.ndarray = field(repr=False)
+    cached: np.ndarray = field(repr=False)
+    running: np.ndarray = field(repr=False)
+    waiting: np.ndarray = field(repr=False)
+    alloc_ns: np.ndarray = field(repr=False)
+    wall_s: float = 0.0
+
+    @property
+    def served(self) -> int:
+        """Requests that ran to completion."""
+        return int((self.served_count > 0).sum())
+
+    @property
+    def preemptions(self) -> int:
+        """Preemptions (a request can be preempted several times)."""
+        return int(self.preempted_count.sum())
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Admitted prompt tokens served from the prefix cache (recomputes included)."""
+        return self.cached_tokens / self.admitted_tokens if self.admitted_tokens else 0.0
+
+    def summary(self) -> dict:
+        """The headline numbers as a flat, JSON-ready dict."""
+        us = self.alloc_ns / 1000.0 if self.alloc_ns.size else np.zeros(1)
+
+        def stat(a: np.ndarray, f) -> float:
+            return float(f(a)) if a.size else 0.0
+
+        return {
+            "requests": self.requests,
+            "served": self.served,
+            "rejected": int(self.rejected.sum()),
+            "prefix_hit_rate_tokens": round(self.prefix_hit_rate, 4),
+            "admitted_prompt_tokens": self.admitted_tokens,
+            "cached_prompt_tokens": self.cached_tokens,
+            "steps": int(self.steps.size),
+            "peak_blocks_used": int(stat(self.used, np.max)),
+            "mean_blocks_used": round(stat(self.used, np.mean), 1),
+            "peak_blocks_cached": int(stat(self.cached, np.max)),
+            "mean_blocks_cached": round(stat(self.cached, np.mean), 1),
+            "evictions": self.evictions,
+            "preemptions": self.preemptions,
+            "cow_copies": self.cow_copies,
+            "alloc_us_per_step_median": round(float(np.median(us)), 2),
+            "alloc_us_per_step_mean": round(float(np.mean(us)), 2),
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+class Simulator:
+    """Replay ``requests`` through a freshly built manager (see the module docstring).
+
+    Parameters
+    ----------
+    requests : sequence of Request
+        The trace; ``requests[i].index`` must be ``i``. Replayed in arrival order (stable).
+    config : SimConfig, optional
+    manager_factory : callable, optional
+        ``factory(num_blocks, block_size, *, max_seqs, max_seq_len, prefix_caching)`` returning
+        an object with the batched BlockManager API; default :class:`kvnumba.BlockManager`.
+    progress : callable, optional
+        Called with the number of requests newly finished (served or rejected).
+
+    Attributes
+    ----------
+    manager
+        The manager the run used (inspect it after :meth:`run`).
+    """
+
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        config: SimConfig | None = None,
+        manager_factory: Callable | None = None,
+        progress: Callable[[int], object] | None = None,
+    ):
+        self.requests = list(requests)
+        if any(r.index != i for i, r in enumerate(self.requests)):
+            raise ValueError("requests[i].index must equal i")
+        self.config = config or SimConfig()
+        cfg = self.config
+        if cfg.max_batch < 1 or cfg.block_size < 1 or cfg.blocks < 1 or cfg.step_ms <= 0:
+            raise ValueError(f"invalid simulation config {cfg}")
+        factory = manager_factory or default_manager_factory
+        self.manager = factory(
+            cfg.blocks,
+            cfg.block_size,
+            max_seqs=cfg.max_batch,
+            max_seq_len=cfg.max_seq_len,
+            prefix_caching=cfg.prefix_caching,
+        )
+        self.progress = progress
+
+    def run(self) -> SimResult:
+        """Replay the whole trace until every request is served or rejected.
+
+        Returns
+        -------
+        SimResult
+
+        Raises
+        ------
+        RuntimeError
+            If the queue can make no progress (a bug: requests that cannot fit are rejected
+            up front, and an empty pool always fits the queue head).
+        """
+        t_start = time.perf_counter()
+        cfg, mgr, reqs = self.config, self.manager, self.requests
+        n, bs = len(reqs), cfg.block_size
+        prompt = np.fromiter((r.prompt_len for r in reqs), np.int64, n)
+        output = np.fromiter((r.output_len for r in reqs), np.int64, n)
+        arrival = np.fromiter((r.arrival_ms for r in reqs), np.float64, n)
+        order = np.argsort(arrival, kind="stable")
+        arrival_step = np.floor(arrival[order] / cfg.step_ms).astype(np.int64)
+        total = prompt + output
+        # Requests that could never run: too long for a sequence, or bigger than the whole pool.
+        never = (total > cfg.max_seq_len) | (-(-total // bs) > cfg.blocks)
+
+        generated = np.zeros(n, np.int64)  # output tokens a queued request already produced
+        served = np.zeros(n, np.int64)
+        preempted = np.zeros(n, np.int64)
+        rejected = np.zeros(n, bool)
+        queue: deque[int] = deque()
+        token_cache: dict[int, np.ndarray] = {}  # materialized prompts of queued requests
+
+        # Running sequences, oldest admission first (parallel arrays).
+        r_id = np.zeros(0, np.int64)
+        r_req = np.zeros(0, np.int64)
+        r_len = np.zeros(0, np.int64)
+        r_left = np.zeros(0, np.int64)
+
+        steps, used, cached, running, waiting, alloc = [], [], [], [], [], []
+        admitted_tokens = cached_tokens = cow = 0
+        gate: tuple | None = None  # (window, available) of the last admit that left prompts out
+        p, step = 0, 0
+        ones = np.ones(cfg.max_batch, np.int64)
+
+        def timed(fn, *args, **kwargs):
+            nonlocal step_ns
+            t0 = time.perf_counter_ns()
+            out = fn(*args, **kwargs)
+            step_ns += time.perf_counter_ns() - t0
+            return out
+
+        while p < n or queue or r_id.size:
+            if not queue and not r_id.size:
+                step = max(step, int(arrival_step[p]))  # skip the idle stretch
+            step_ns = 0
+            finished_now = 0
+
+            # 1. arrivals
+            q = int(np.searchsorted(arrival_step, step, side="right"))
+            if q > p:
+                new = order[p:q]
+                bad = new[never[new]]
+                rejected[bad] = True
+                finished_now += bad.size
+                queue.extend(new[~never[new]].tolist())
+                p = q
+
+            # 2. decode one token per running sequence, preempting the newest on exhaustion
+            need = r_left > 0
+            while need.any():
+                pos = np.flatnonzero(need)
+                res = timed(
+                    mgr.append,
+                    r_id[pos],
+                    ones[: pos.size],
+                    output_tokens(r_req[pos], r_len[pos]),
+                    atomic=False,
+                )
+                good = pos[res.ok]
+                r_len[good] += 1
+                r_left[good] -= 1
+                need[good] = False
+                cow += len(res.cow_src)
+                if good.size == pos.size:
+                    break
+                v = r_id.size - 1  # newest
+                timed(mgr.release, r_id[v : v + 1])
+                i = int(r_req[v])
+                if r_left[v] == 0:  # it just produced its last token: finished, not preempted
+                    served[i] += 1
+                    finished_now += 1
+                else:
+                    generated[i] = r_len[v] - prompt[i]
+                    preempted[i] += 1
+                    queue.appendleft(i)
+                r_id, r_req, r_len, r_left, need = (
+                    r_id[:v],
+                    r_req[:v],
+                    r_len[:v],
+                    r_left[:v],
+                    need[:v],
+                )
+
+            # 3. release finished sequences
+            done = r_left == 0
+            if done.any():
+                timed(mgr.release, r_id[done])
+                served[r_req[done]] += 1
+                finished_now += int(done.sum())
+                keep = ~done
+                r_id, r_req, r_len, r_left = r_id[keep], r_req[keep], r_len[keep], r_left[keep]
+
+            # 4. admit from the head of the queue
+            slots = cfg.max_batch - r_id.size
+            if slots > 0 and queue:
+                window = self._window(queue, slots, prompt, generated)
+                st = mgr.stats()
+                available = st.free + st.cached
+                # Retrying prompts that all just failed, with no more free or cached blocks
+                # than then, cannot succeed: nothing was admitted since (so no new prefix
+                # hits) and decode output never matches a prompt.
+                if gate is None or available > gate[1] or not gate[0].issuperset(window):
+                    lengths = prompt[window] + generated[window]
+                    for i in [i for i in token_cache if i not in window]:
+                        del token_cache[i]  # keep only the prompts still being offered
+                    parts = []
+                    for i, length in zip(window, lengths.tolist(), strict=True):
+                        toks = token_cache.get(i)
+                        if toks is None or toks.size != length:
+                            toks = token_cache[i] = reqs[i].tokens(length)
+                        parts.append(toks)
+                    res = timed(mgr.admit, np.concatenate(parts), lengths, atomic=False)
+                    ok = np.asarray(res.ok, bool)
+                    win = np.asarray(window, np.int64)
+                    adm = win[ok]
+                    admitted_tokens += int(lengths[ok].sum())
+                    cached_tokens += int(np.asarray(res.num_cached_tokens)[ok].sum())
+                    for _ in window:
+                        queue.popleft()
+                    queue.extendleft(reversed(win[~ok].tolist()))  # failed ones keep their place
+                    for i in adm.tolist():
+                        del token_cache[i]
+                    r_id = np.concatenate([r_id, np.asarray(res.ids, np.int64)[ok]])
+                    r_req = np.concatenate([r_req, adm])
+                    r_len = np.concatenate([r_len, lengths[ok]])
+                    r_left = np.concatenate([r_left, output[adm] - generated[adm]])
+                    gate = None if ok.any() else (frozenset(window), available)
+                if not r_id.size and queue:
+                    raise RuntimeError(
+                        f"scheduler stalled at step {step}: request {queue[0]} does not fit an "
+                        "idle pool"
+                    )
+
+            st = mgr.stats()
+            steps.append(step)
+            used.append(st.used)
+            cached.append(st.cached)
+            running.append(r_id.size)
+            waiting.append(len(queue))
+            alloc.append(step_ns)
+            if finished_now and self.progress is not None:
+                self.progress(finished_now)
+            step += 1
+
+        final = mgr.stats()
+        return SimResult(
+            requests=n,
+            served_count=served,
+            rejected=rejected,
+            preempted_count=preempted,
+            admitted_tokens=admitted_tokens,
+            cached_tokens=cached_tokens,
+            cow_copies=max(cow, int(final.cow_copies)),
+            evictions=int(final.evictions),
+            steps=np.asarray(steps, np.int64),
+            used=np.asarray(used, np.int64),
+            cached=np.asarray(cached, np.int64),
+            running=np.asarray(running, np.int64),
+            waiting=np.asarray(waiting, np.int64),
+            alloc_ns=np.asarray(alloc, np.int64),
+            wall_s=time.perf_counter() - t_start,
+        )
+
+    def _window(self, queue: deque, slots: int, prompt: np.ndarray, generated: np.ndarray) -> list:
+        """Queue head offered to one ``admit``: ``slots`` requests, within the prefill budget."""
+        head = list(itertools.islice(queue, slots))
+        budget = self.config.max_prefill_tokens
+        if budget is None:
+            return head
+        sizes = np.cumsum(prompt[head] + generated[head])
+        return head[: max(1, int(np.searchsorted(sizes, budget, side="right")))]
+
+
+def simulate(
+    requests: Sequence[Request],
+    config: SimConfig | None = None,
+    manager_factory: Callable | None = None,
+    progress: Callable[[int], object] | None = None,
+) -> SimResult:
+    """Build a :class:`Simulator` and run it; see there for the parameters."""
+    return Simulator(requests, config, manager_factory, progress).run()
