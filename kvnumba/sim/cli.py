@@ -131,11 +131,24 @@ def _table(rows: list[tuple[str, str]]) -> str:
 
 
 def format_report(summary: dict, header: list[tuple[str, str]]) -> str:
-    """Human-readable table of a run (``header`` rows describe the setup)."""
+    """Human-readable table of a run.
+
+    Parameters
+    ----------
+    summary : dict
+        :meth:`kvnumba.sim.SimResult.summary` of the run.
+    header : list of (str, str)
+        Rows printed first (trace and pool description).
+
+    Returns
+    -------
+    str
+        Two aligned columns, one metric a line.
+    """
     s = summary
     rows = header + [
         ("requests served", f"{s['served']:,} of {s['requests']:,}"),
-        ("rejected (too long)", f"{s['rejected']:,}"),
+        ("rejected (longer than max_seq_len or pool)", f"{s['rejected']:,}"),
         (
             "prefix hit rate (tokens)",
             f"{s['prefix_hit_rate_tokens']:.1%} ({s['cached_prompt_tokens']:,} of "
@@ -160,7 +173,19 @@ def format_report(summary: dict, header: list[tuple[str, str]]) -> str:
 
 
 def save_plot(result: SimResult, num_blocks: int, path: Path, title: str) -> None:
-    """Plot blocks used and cached against the decode step into ``path`` (Agg backend)."""
+    """Plot blocks used and cached against the decode step (Agg backend, no display needed).
+
+    Parameters
+    ----------
+    result : SimResult
+        The run to plot.
+    num_blocks : int
+        Pool size, drawn as a dashed line.
+    path : pathlib.Path
+        Output ``.png`` file.
+    title : str
+        Figure title.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
