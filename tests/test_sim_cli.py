@@ -63,6 +63,13 @@ def test_no_prefix_caching_and_azure(capsys):
     assert off["prefix_hit_rate_tokens"] == 0.0 and off["served"] == on["served"] == 60
 
 
+def test_embedded_trace_names(capsys):
+    config, res = run_json(capsys, "--trace", "azure", "--limit", "5")
+    assert config["trace"] == AZURE and res["served"] == 5
+    config, _ = run_json(capsys, "--trace", "mooncake", "--limit", "5")
+    assert config["trace"].endswith("mooncake_synthetic_trace.jsonl")
+
+
 def test_reference_manager_gives_the_same_answer(capsys):
     argv = ["--limit", "40", "--trace", AZURE, "--blocks", "300", "--max-batch", "16"]
     _, fast = run_json(capsys, *argv)

@@ -23,8 +23,15 @@ from kvnumba.sim.traces import default_trace_path, load_trace
 
 EPILOG = """\
 The default trace is the Mooncake synthetic trace (Qin et al., FAST'25; Apache-2.0) shipped in
-kvnumba/data; see kvnumba/data/README.md for attribution. Azure traces (Patel et al., ISCA'24;
-CC-BY-4.0) are read from .csv files."""
+kvnumba/data with the Azure LLM inference trace (Patel et al., ISCA'24; CC-BY-4.0; use
+--trace azure); see kvnumba/data/README.md for attribution."""
+
+
+#: Short names for the traces shipped in ``kvnumba/data`` (``--trace azure``).
+EMBEDDED = {
+    "mooncake": default_trace_path(),
+    "azure": default_trace_path().with_name("AzureLLMInferenceTrace_conv.csv"),
+}
 
 
 def _positive(text: str) -> int:
@@ -56,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="PATH",
-        help="trace file: .jsonl (Mooncake, hash_ids) or .csv (Azure); "
-        "default: the embedded Mooncake trace",
+        help="trace file: .jsonl (Mooncake, hash_ids) or .csv (Azure), or 'mooncake' / "
+        "'azure' for the embedded copies; default: mooncake",
     )
     p.add_argument(
         "--blocks",
@@ -232,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed usage (or --help)
         return int(exc.code or 0)
 
-    trace_path = args.trace or default_trace_path()
+    trace_path = EMBEDDED.get(str(args.trace), args.trace) if args.trace else default_trace_path()
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         print(f"kvnumba simulate: --plot must name a .png file, got {args.plot}", file=sys.stderr)
         return 2
