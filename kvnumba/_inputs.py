@@ -27,8 +27,8 @@ def index_array(value, name: str) -> np.ndarray:
     array = np.asarray(value)
     if array.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
-    if array.size == 0:
-        return np.empty(0, dtype=np.int64)
+    if array.size == 0 and not isinstance(value, np.ndarray):
+        return np.empty(0, dtype=np.int64)  # [] and () carry no dtype of their own
     kind = array.dtype.kind
     if kind == "u":
         if array.max() > _INT64_MAX:

@@ -113,28 +113,31 @@ def k_admit(
     num_cached_tokens = np.zeros(num_prompts, dtype=np.int64)
     ok = np.zeros(num_prompts, dtype=np.bool_)
     empty = np.empty(0, dtype=np.int64)
-    # Validation first: it takes precedence over capacity and changes nothing.
+    # Validation first (value errors, then too long, then too many, as the reference model):
+    # it takes precedence over capacity and changes nothing.
     total = 0
     bound = 0
     for p in range(num_prompts):
-        length = lengths[p]
-        if length < 1:
+        if lengths[p] < 1:
             return ST_BAD_LENGTH, p, 0, 0, ids, num_cached_tokens, empty, ok
-        if length > meta[M_MAX_SEQ_LEN]:
-            return ST_TOO_LONG, p, 0, 0, ids, num_cached_tokens, empty, ok
-        total += length
-        bound += blocks_of(length, block_size)
+        total += lengths[p]
+        bound += blocks_of(lengths[p], block_size)
     if total != tokens_in.shape[0] or salts.shape[0] != num_prompts:
         return ST_TOKEN_MISMATCH, -1, 0, 0, ids, num_cached_tokens, empty, ok
     for j in range(total):
         if tokens_in[j] < 0:
             return ST_BAD_TOKEN, j, 0, 0, ids, num_cached_tokens, empty, ok
+    for p in range(num_prompts):
+        if lengths[p] > meta[M_MAX_SEQ_LEN]:
+            return ST_TOO_LONG, p, 0, 0, ids, num_cached_tokens, empty, ok
     if num_prompts > meta[M_SLOT_TOP]:
         return ST_TOO_MANY_SEQS, -1, 0, 0, ids, num_cached_tokens, empty, ok
     available = meta[M_FREE_TOP] + meta[M_CACHED]
     # Later prompts depend on what earlier ones did, so an atomic call of several prompts keeps
     # an undo log; any other call checks each prompt's exact need before it writes anything.
-    logged = atomic and num_prompts > 1
+    # A call whose prompts' blocks all fit in what is available cannot fail: every prompt
+    # consumes at most its blocks (new ones plus the cached hits it claims).
+    logged = atomic and num_prompts > 1 and bound > available
     evictions = min(bound, available) - meta[M_FREE_TOP]
     payload = logged or scr[S_EV_PAYLOAD] != 0
     log_size = LOG_PER_BLOCK * bound + LOG_PER_SEQUENCE * num_prompts

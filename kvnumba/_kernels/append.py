@@ -5,7 +5,7 @@ from numba import njit
 
 from kvnumba._kernels.blocks import register_full_block, take_block
 from kvnumba._kernels.prefix import table_purge_evicted
-from kvnumba._kernels.sequences import blocks_of, resolve_all
+from kvnumba._kernels.sequences import blocks_of, resolve
 from kvnumba._kernels.undo import U_FLAGS, U_REF, U_SEQLEN, U_SEQTAB, log_write
 from kvnumba._state import (
     F_KNOWN,
@@ -15,9 +15,11 @@ from kvnumba._state import (
     M_MAX_SEQ_LEN,
     S_EV_N,
     S_EV_PAYLOAD,
+    S_STAMP,
 )
 from kvnumba.errors import (
     ST_BAD_TOKEN,
+    ST_DUPLICATE_ID,
     ST_NEED_BUFFERS,
     ST_NEGATIVE_COUNT,
     ST_OK,
@@ -161,27 +163,64 @@ def append_tokens(
 def validate_growth(
     ids, counts, tokens_in, has_tokens, seq_len, seq_gen, seq_live, seq_mark, meta, scr
 ):
-    """Check an append request; returns (status, bad index, slots, total tokens)."""
-    status, bad, slots = resolve_all(ids, seq_gen, seq_live, seq_mark, scr, True)
-    if status != ST_OK:
-        return status, bad, slots, 0
+    """Check an append request; returns (status, bad index, slots, total tokens).
+
+    Whole-array checks come first (counts, token ids), then each id in input order (unknown or
+    released, duplicate, too long), the same order as the reference model.
+    """
+    slots = np.empty(0, dtype=np.int64)
     if counts.shape[0] != ids.shape[0]:
         return ST_TOKEN_MISMATCH, -1, slots, 0
     total = 0
     for i in range(ids.shape[0]):
-        c = counts[i]
-        if c < 0:
+        if counts[i] < 0:
             return ST_NEGATIVE_COUNT, i, slots, 0
-        if seq_len[slots[i]] + c > meta[M_MAX_SEQ_LEN]:
-            return ST_TOO_LONG, i, slots, 0
-        total += c
+        total += counts[i]
     if has_tokens:
         if tokens_in.shape[0] != total:
             return ST_TOKEN_MISMATCH, -1, slots, total
         for j in range(total):
             if tokens_in[j] < 0:
                 return ST_BAD_TOKEN, j, slots, total
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    stamp = scr[S_STAMP] + 1
+    scr[S_STAMP] = stamp
+    for i in range(ids.shape[0]):
+        status, slot = resolve(ids[i], seq_gen, seq_live)
+        if status != ST_OK:
+            return status, i, slots, 0
+        if seq_mark[slot] == stamp:
+            return ST_DUPLICATE_ID, i, slots, 0
+        seq_mark[slot] = stamp
+        if seq_len[slot] + counts[i] > meta[M_MAX_SEQ_LEN]:
+            return ST_TOO_LONG, i, slots, 0
+        slots[i] = slot
     return ST_OK, -1, slots, total
+
+
+@njit(cache=True)
+def total_need(slots, counts, ref, block_size, seq_table, seq_len):
+    """Blocks an append of all ``slots``, served in order, takes.
+
+    A shared partial tail is copied only by holders that still find it shared: once the other
+    holders appended earlier in the same call, the last one writes in place. The refcount drops
+    of those copies are simulated and undone before returning.
+    """
+    needed = 0
+    dropped = np.full(slots.shape[0], -1, dtype=np.int64)
+    for i in range(slots.shape[0]):
+        slot = slots[i]
+        needed += blocks_needed(slot, counts[i], ref, block_size, seq_table, seq_len)
+        length = seq_len[slot]
+        if counts[i] > 0 and length % block_size != 0:
+            tail = seq_table[slot, length // block_size]
+            if ref[tail] > 1:
+                ref[tail] -= 1
+                dropped[i] = tail
+    for i in range(slots.shape[0]):
+        if dropped[i] >= 0:
+            ref[dropped[i]] += 1
+    return needed
 
 
 @njit(cache=True)
@@ -195,9 +234,7 @@ def k_can_append(
     )
     if status != ST_OK:
         return status, bad, False
-    need = 0
-    for i in range(ids.shape[0]):
-        need += blocks_needed(slots[i], counts[i], ref, block_size, seq_table, seq_len)
+    need = total_need(slots, counts, ref, block_size, seq_table, seq_len)
     return ST_OK, -1, need <= meta[M_FREE_TOP] + meta[M_CACHED]
 
 
@@ -247,11 +284,7 @@ def k_append(
     if status != ST_OK:
         return status, bad, 0, 0, np.empty(0, dtype=np.int64), no_cow, no_cow, ok
     available = meta[M_FREE_TOP] + meta[M_CACHED]
-    needs = np.empty(n, dtype=np.int64)
-    needed = 0
-    for i in range(n):
-        needs[i] = blocks_needed(slots[i], counts[i], ref, block_size, seq_table, seq_len)
-        needed += needs[i]
+    needed = total_need(slots, counts, ref, block_size, seq_table, seq_len)
     if atomic and needed > available:
         return (
             ST_POOL_EXHAUSTED,
@@ -284,7 +317,9 @@ def k_append(
     remaining = available
     offset = 0
     for i in range(n):
-        if needs[i] <= remaining:
+        # Each sequence's need is exact when taken just before it is served.
+        need = blocks_needed(slots[i], counts[i], ref, block_size, seq_table, seq_len)
+        if need <= remaining:
             num_cow = append_tokens(
                 slots[i],
                 counts[i],
@@ -315,7 +350,7 @@ def k_append(
                 ev_hash,
                 ev_tok,
             )
-            remaining -= needs[i]
+            remaining -= need
             ok[i] = True
         offset += counts[i]
     table_purge_evicted(htab, block_hash, ev_hash, scr[S_EV_N])

@@ -1,0 +1,231 @@
+"""Random traffic against the kernels and the pure-Python reference model, step by step.
+
+Small pools and small token alphabets make exhaustion, eviction, copy-on-write and prefix hits
+frequent. After every step both sides must agree on everything observable (ids, block tables,
+payload, refcounts, free-stack and LRU order, counters), both must pass ``check()``, and every
+failed call must leave the kernels' state arrays byte-identical.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import kvnumba
+from kvnumba._state import M_FREE_TOP, M_LRU_HEAD, NIL
+from kvnumba.reference import ReferenceBlockManager
+
+TOKENS = st.integers(0, 2)  # a tiny alphabet, so equal prefixes (and cache hits) are common
+
+
+def lru_order(mgr):
+    """Cached blocks of the kernels' LRU list, head first."""
+    state = mgr.state
+    order, b = [], int(state.meta[M_LRU_HEAD])
+    while b != NIL:
+        order.append(b)
+        b = int(state.lru_next[b])
+    return order
+
+
+def assert_same_state(before, after):
+    for name, a, b in zip(before._fields, before, after, strict=True):
+        assert np.array_equal(a, b), f"state field {name} changed by a failed call"
+
+
+class Evictions:
+    """An ``on_evict`` hook that keeps every call's report."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, ids, hashes, tokens):
+        assert ids.dtype == np.int64 and hashes.dtype == np.uint64 and tokens.dtype == np.int64
+        self.calls.append((ids.tolist(), tokens.tolist()))
+
+
+class KernelsVersusReference(RuleBasedStateMachine):
+    @initialize(
+        num_blocks=st.integers(3, 24),
+        block_size=st.sampled_from([1, 2, 3, 4]),
+        max_seqs=st.integers(3, 10),
+        prefix_caching=st.booleans(),
+    )
+    def setup(self, num_blocks, block_size, max_seqs, prefix_caching):
+        max_seq_len = 6 * block_size + 2
+        self.evicted_kv, self.evicted_ref = Evictions(), Evictions()
+        geometry = dict(max_seqs=max_seqs, max_seq_len=max_seq_len, prefix_caching=prefix_caching)
+        self.kv = kvnumba.BlockManager(num_blocks, block_size, on_evict=self.evicted_kv, **geometry)
+        self.ref = ReferenceBlockManager(
+            num_blocks, block_size, on_evict=self.evicted_ref, **geometry
+        )
+        self.live: list[int] = []
+        self.dead: list[int] = []
+
+    # -------------------------------------------------------------------------------- helpers
+    def both(self, call, *args, **kwargs):
+        """Run one call on both sides; they must agree on success or on the error type."""
+        before = self.kv.snapshot()
+        outcome = []
+        for mgr in (self.kv, self.ref):
+            try:
+                outcome.append(("ok", getattr(mgr, call)(*args, **kwargs)))
+            except kvnumba.KVNumbaError as exc:
+                outcome.append(("error", exc))
+        (kv_kind, kv_value), (ref_kind, ref_value) = outcome
+        assert kv_kind == ref_kind, f"{call}: kernels {kv_value!r} vs reference {ref_value!r}"
+        if kv_kind == "error":
+            event(f"{call} raised {type(kv_value).__name__}")
+            assert type(kv_value) is type(ref_value)
+            if isinstance(kv_value, kvnumba.PoolExhausted):
+                assert (kv_value.needed, kv_value.available) == (
+                    ref_value.needed,
+                    ref_value.available,
+                )
+            assert_same_state(before, self.kv.snapshot())
+            return None, None
+        return kv_value, ref_value
+
+    def pick(self, data, allow_dead=False):
+        pool = self.live + (self.dead if allow_dead else [])
+        if not pool:
+            return []
+        return data.draw(st.lists(st.sampled_from(pool), max_size=4, unique=True))
+
+    # ---------------------------------------------------------------------------------- rules
+    @rule(count=st.integers(0, 2))
+    def new_sequences(self, count):
+        kv, ref = self.both("new_sequences", count)
+        if kv is not None:
+            assert kv.tolist() == ref.tolist()
+            self.live += kv.tolist()
+
+    @rule(data=st.data(), with_tokens=st.booleans(), atomic=st.booleans())
+    def append(self, data, with_tokens, atomic):
+        ids = self.pick(data, allow_dead=data.draw(st.booleans()))
+        counts = data.draw(st.lists(st.integers(0, 5), min_size=len(ids), max_size=len(ids)))
+        tokens = data.draw(st.lists(TOKENS, min_size=sum(counts), max_size=sum(counts)))
+        kv, ref = self.both("append", ids, counts, tokens if with_tokens else None, atomic=atomic)
+        if kv is not None:
+            for field in kv._fields:
+                assert np.array_equal(getattr(kv, field), getattr(ref, field)), field
+            if kv.cow_src.size:
+                event("append copied a shared tail")
+            if not kv.ok.all():
+                event("append: a sequence did not fit")
+
+    @rule(data=st.data(), atomic=st.booleans())
+    def admit(self, data, atomic):
+        prompts = data.draw(
+            st.lists(st.lists(TOKENS, min_size=1, max_size=14), min_size=1, max_size=3)
+        )
+        salts = data.draw(
+            st.lists(st.sampled_from([0, 0, 1]), min_size=len(prompts), max_size=len(prompts))
+        )
+        tokens = [t for p in prompts for t in p]
+        lengths = [len(p) for p in prompts]
+        kv, ref = self.both("admit", tokens, lengths, salts=salts, atomic=atomic)
+        if kv is not None:
+            for field in kv._fields:
+                assert np.array_equal(getattr(kv, field), getattr(ref, field)), field
+            self.live += [i for i in kv.ids.tolist() if i >= 0]
+            if kv.num_cached_tokens.any():
+                event("admit reused cached blocks")
+            if not kv.ok.all():
+                event("admit: a prompt did not fit")
+
+    @rule(data=st.data(), n=st.integers(1, 2))
+    def fork(self, data, n):
+        ids = self.pick(data)
+        kv, ref = self.both("fork", ids, n)
+        if kv is not None:
+            assert kv.tolist() == ref.tolist()
+            self.live += kv.ravel().tolist()
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), n=st.integers(1, 2), atomic=st.booleans())
+    def fork_and_diverge(self, data, n, atomic):
+        """Fork one sequence and grow parent and children in a random order (copy-on-write)."""
+        parent = data.draw(st.sampled_from(self.live))
+        kv, ref = self.both("fork", [parent], n)
+        if kv is None:
+            return
+        assert kv.tolist() == ref.tolist()
+        family = [parent, *kv.ravel().tolist()]
+        self.live += kv.ravel().tolist()
+        order = data.draw(st.permutations(family))
+        counts = data.draw(st.lists(st.integers(0, 3), min_size=len(order), max_size=len(order)))
+        tokens = data.draw(st.lists(TOKENS, min_size=sum(counts), max_size=sum(counts)))
+        kv, ref = self.both("append", order, counts, tokens, atomic=atomic)
+        if kv is not None:
+            for field in kv._fields:
+                assert np.array_equal(getattr(kv, field), getattr(ref, field)), field
+            if kv.cow_src.size:
+                event("fork_and_diverge copied a shared tail")
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def release(self, data):
+        ids = self.pick(data, allow_dead=data.draw(st.booleans()))
+        kv, ref = self.both("release", ids)
+        if not any(i in self.dead for i in ids):
+            for i in ids:
+                self.live.remove(i)
+                self.dead.append(i)
+
+    @rule(data=st.data())
+    def can_append(self, data):
+        ids = self.pick(data)
+        counts = data.draw(st.lists(st.integers(0, 8), min_size=len(ids), max_size=len(ids)))
+        kv, ref = self.both("can_append", ids, counts)
+        assert kv == ref
+
+    # ----------------------------------------------------------------------------- invariants
+    @invariant()
+    def agree(self):
+        if not hasattr(self, "kv"):
+            return
+        self.kv.check()
+        self.ref.check()
+        assert self.kv.stats() == self.ref.stats()
+        stats = self.kv.stats()
+        assert stats.used + stats.cached + stats.free == self.kv.num_blocks
+        state = self.kv.state
+        assert state.free_stack[: state.meta[M_FREE_TOP]].tolist() == self.ref.free_blocks()
+        assert lru_order(self.kv) == self.ref.lru_blocks()
+        refs = [self.ref.ref_count(b) for b in range(self.kv.num_blocks)]
+        assert state.ref.tolist() == refs
+        # refcounts recomputed from the block tables
+        recomputed = np.zeros(self.kv.num_blocks, dtype=np.int64)
+        if self.live:
+            tables = self.kv.block_tables(self.live)
+            assert np.array_equal(tables, self.ref.block_tables(self.live))
+            assert np.array_equal(self.kv.seq_lens(self.live), self.ref.seq_lens(self.live))
+            np.add.at(recomputed, tables[tables >= 0], 1)
+            for seq_id in self.live:
+                seq = kvnumba.Sequence(self.kv, seq_id)
+                assert np.array_equal(seq.tokens, self.ref.seq_tokens(seq_id))
+        assert np.array_equal(recomputed, state.ref)
+        assert self.evicted_kv.calls == self.evicted_ref.calls
+        if self.evicted_kv.calls:
+            event("cached blocks were evicted")
+
+    def teardown(self):
+        if hasattr(self, "kv") and self.live:
+            self.kv.release(self.live)
+            self.ref.release(self.live)
+        if hasattr(self, "kv"):
+            self.kv.check()
+            assert self.kv.stats().used == 0
+            assert not self.kv.state.ref.any()
+
+
+KernelsVersusReference.TestCase.settings = settings(
+    max_examples=500,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestKernelsVersusReference = KernelsVersusReference.TestCase
