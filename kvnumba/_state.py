@@ -1,8 +1,8 @@
 """State layout: the flat arrays that hold a manager's whole allocator state.
 
-Every kernel takes these arrays as explicit arguments, always in the order of :data:`STATE_FIELDS`
-followed by the per-call scratch arrays of :data:`SCRATCH_FIELDS`. Integer constants name the
-slots of ``meta`` and ``scr`` and the per-block flag bits.
+Every entry kernel takes the packed arrays of :data:`PACKED_FIELDS` followed by the per-call
+scratch arrays of :data:`SCRATCH_FIELDS` as explicit arguments. Integer constants name the rows
+of the packed arrays, the slots of ``meta`` and ``scr``, and the per-block flag bits.
 """
 
 from __future__ import annotations
@@ -45,28 +45,22 @@ S_LOG_ON = 1  # 1 while the current call records an undo log
 S_EV_N = 2  # evictions recorded in this call
 S_EV_PAYLOAD = 3  # 1 if evicted payloads are copied (on_evict set, or the call is logged)
 S_STAMP = 4  # call counter for duplicate-id detection through seq_mark
+S_FAILED = 5  # sequences or prompts of the current call that did not fit (non-atomic mode)
 SCR_SIZE = 8
 
-STATE_FIELDS = (
-    "ref",
-    "lru_prev",
-    "lru_next",
-    "block_hash",
-    "block_salt",
-    "block_flags",
-    "tokens",
-    "free_stack",
-    "htab",
-    "seq_table",
-    "seq_len",
-    "seq_gen",
-    "seq_salt",
-    "seq_live",
-    "slot_stack",
-    "meta",
-)
+# Packed storage. Kernel dispatch costs about 75 ns per array argument, so the arrays of one
+# shape and dtype are rows of one 2-D array; the kernels unpack them into named views for free
+# (kernels/layout.py). Rows of blk32 (int32, 4 x num_blocks):
+B_REF, B_PREV, B_NEXT, B_FREE = 0, 1, 2, 3
+# Rows of blk64 (int64, 2 x num_blocks); the hash row is read as uint64:
+B_HASH, B_SALT = 0, 1
+# Rows of seq64 (int64, 6 x max_seqs); the mark row is per-call scratch, not state:
+Q_LEN, Q_GEN, Q_SALT, Q_LIVE, Q_SLOTS, Q_MARK = 0, 1, 2, 3, 4, 5
+# ctl (int64): meta, then the scratch control slots, then the copy of meta a logged call saves.
+CTL_SIZE = 2 * META_SIZE + SCR_SIZE
 
-SCRATCH_FIELDS = ("ulog", "scr", "meta_save", "ev_ids", "ev_hash", "ev_tok", "seq_mark")
+PACKED_FIELDS = ("blk32", "blk64", "block_flags", "tokens", "htab", "seq_table", "seq64", "ctl")
+SCRATCH_FIELDS = ("ulog", "ev", "ev_tok")
 
 
 class State(NamedTuple):
@@ -102,9 +96,9 @@ class State(NamedTuple):
         Generation of the slot's current or last occupant (the high bits of its id).
     seq_salt : int64[max_seqs]
         Prefix-cache salt of every slot.
-    seq_live : uint8[max_seqs]
+    seq_live : int64[max_seqs]
         1 while the slot holds a live sequence.
-    slot_stack : int32[max_seqs]
+    slot_stack : int64[max_seqs]
         Free sequence slots; the first ``meta[M_SLOT_TOP]`` entries are live.
     meta : int64[META_SIZE]
         Counters, stack tops and list ends (see the ``M_*`` constants).
@@ -142,14 +136,15 @@ def new_state(
     block_size: int,
     max_seqs: int,
     max_blocks_per_seq: int,
+    max_seq_len: int,
     prefix_caching: bool,
     hash_bits: int = 64,
-) -> State:
-    """Allocate the arrays of an empty manager.
+) -> tuple:
+    """Allocate the packed arrays of an empty manager.
 
     Parameters
     ----------
-    num_blocks, block_size, max_seqs, max_blocks_per_seq : int
+    num_blocks, block_size, max_seqs, max_blocks_per_seq, max_seq_len : int
         Pool and table geometry (validated by the caller).
     prefix_caching : bool
         Whether full blocks are hashed and kept cached at refcount 0.
@@ -158,53 +153,71 @@ def new_state(
 
     Returns
     -------
-    State
-        Fresh arrays: every block free (popped in id order), every slot free.
+    tuple
+        The arrays of :data:`PACKED_FIELDS`: every block free (popped in id order), every
+        sequence slot free (popped in slot order).
     """
-    meta = np.zeros(META_SIZE, dtype=np.int64)
+    blk32 = np.full((4, num_blocks), NIL, dtype=np.int32)
+    blk32[B_REF] = 0
+    blk32[B_FREE] = np.arange(num_blocks - 1, -1, -1)  # reversed: block 0 is popped first
+    blk64 = np.zeros((2, num_blocks), dtype=np.int64)
+    seq64 = np.zeros((6, max_seqs), dtype=np.int64)
+    seq64[Q_SLOTS] = np.arange(max_seqs - 1, -1, -1)
+    ctl = np.zeros(CTL_SIZE, dtype=np.int64)
+    meta = ctl[:META_SIZE]
     meta[M_FREE_TOP] = num_blocks
     meta[M_LRU_HEAD] = NIL
     meta[M_LRU_TAIL] = NIL
     meta[M_SLOT_TOP] = max_seqs
     meta[M_PREFIX_CACHING] = 1 if prefix_caching else 0
     meta[M_HASH_BITS] = hash_bits
-    return State(
-        ref=np.zeros(num_blocks, dtype=np.int32),
-        lru_prev=np.full(num_blocks, NIL, dtype=np.int32),
-        lru_next=np.full(num_blocks, NIL, dtype=np.int32),
-        block_hash=np.zeros(num_blocks, dtype=np.uint64),
-        block_salt=np.zeros(num_blocks, dtype=np.int64),
-        block_flags=np.zeros(num_blocks, dtype=np.uint8),
-        tokens=np.full((num_blocks, block_size), -1, dtype=np.int64),
-        # reversed so that the stack pops block 0 first
-        free_stack=np.arange(num_blocks - 1, -1, -1, dtype=np.int32),
-        htab=np.full(table_capacity(num_blocks), EMPTY, dtype=np.int32),
-        seq_table=np.full((max_seqs, max_blocks_per_seq), NIL, dtype=np.int32),
-        seq_len=np.zeros(max_seqs, dtype=np.int64),
-        seq_gen=np.zeros(max_seqs, dtype=np.int64),
-        seq_salt=np.zeros(max_seqs, dtype=np.int64),
-        seq_live=np.zeros(max_seqs, dtype=np.uint8),
-        slot_stack=np.arange(max_seqs - 1, -1, -1, dtype=np.int32),
-        meta=meta,
+    meta[M_MAX_SEQ_LEN] = max_seq_len
+    return (
+        blk32,
+        blk64,
+        np.zeros(num_blocks, dtype=np.uint8),
+        np.full((num_blocks, block_size), -1, dtype=np.int64),
+        np.full(table_capacity(num_blocks), EMPTY, dtype=np.int32),
+        np.full((max_seqs, max_blocks_per_seq), NIL, dtype=np.int32),
+        seq64,
+        ctl,
     )
 
 
-def new_scratch(num_blocks: int, block_size: int, max_seqs: int) -> tuple:
-    """Allocate the per-call scratch arrays (grown by the facade when a call needs more).
+def state_views(packed: tuple) -> State:
+    """The :class:`State` views of a manager's packed arrays."""
+    blk32, blk64, block_flags, tokens, htab, seq_table, seq64, ctl = packed
+    return State(
+        ref=blk32[B_REF],
+        lru_prev=blk32[B_PREV],
+        lru_next=blk32[B_NEXT],
+        block_hash=blk64[B_HASH].view(np.uint64),
+        block_salt=blk64[B_SALT],
+        block_flags=block_flags,
+        tokens=tokens,
+        free_stack=blk32[B_FREE],
+        htab=htab,
+        seq_table=seq_table,
+        seq_len=seq64[Q_LEN],
+        seq_gen=seq64[Q_GEN],
+        seq_salt=seq64[Q_SALT],
+        seq_live=seq64[Q_LIVE],
+        slot_stack=seq64[Q_SLOTS],
+        meta=ctl[:META_SIZE],
+    )
+
+
+def new_scratch(block_size: int, rows: int = 64, payload: bool = False) -> tuple:
+    """Allocate the per-call scratch arrays (the facade grows them when a call needs more).
 
     Returns
     -------
     tuple
-        ``(ulog, scr, meta_save, ev_ids, ev_hash, ev_tok, seq_mark)`` in
-        :data:`SCRATCH_FIELDS` order.
+        ``(ulog, ev, ev_tok)``: the undo log ``(rows, 3)``, the eviction records ``(2, rows)``
+        (block ids, hash bits) and their payload copies ``(rows or 0, block_size)``.
     """
-    cap = 64
     return (
-        np.zeros((cap, 3), dtype=np.int64),
-        np.zeros(SCR_SIZE, dtype=np.int64),
-        np.zeros(META_SIZE, dtype=np.int64),
-        np.zeros(cap, dtype=np.int64),
-        np.zeros(cap, dtype=np.uint64),
-        np.zeros((0, block_size), dtype=np.int64),
-        np.zeros(max_seqs, dtype=np.int64),
+        np.zeros((rows, 3), dtype=np.int64),
+        np.zeros((2, rows), dtype=np.int64),
+        np.zeros((rows if payload else 0, block_size), dtype=np.int64),
     )

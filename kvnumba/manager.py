@@ -14,19 +14,19 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._inputs import index_array, positive_int
-from kvnumba._kernels.admit import k_admit
-from kvnumba._kernels.append import k_append, k_can_append
-from kvnumba._kernels.check import MESSAGES, k_check
-from kvnumba._kernels.sequences import (
-    SLOT_BITS,
-    SLOT_MASK,
+from kvnumba._kernels.check import MESSAGES
+from kvnumba._kernels.entry import (
+    k_admit,
+    k_append,
     k_block_tables,
+    k_can_append,
+    k_check,
     k_fork,
     k_new_sequences,
     k_release,
     k_seq_lens,
-    resolve,
 )
+from kvnumba._kernels.sequences import SLOT_BITS, SLOT_MASK
 from kvnumba._kernels.undo import LOG_PER_BLOCK, LOG_PER_SEQUENCE
 from kvnumba._state import (
     M_ALLOCATIONS,
@@ -34,15 +34,17 @@ from kvnumba._state import (
     M_COW_COPIES,
     M_EVICTIONS,
     M_FREE_TOP,
-    M_MAX_SEQ_LEN,
     M_PREFIX_HITS,
     M_PREFIX_QUERIES,
     M_USED,
+    META_SIZE,
     S_EV_N,
     S_EV_PAYLOAD,
+    S_FAILED,
     State,
     new_scratch,
     new_state,
+    state_views,
 )
 from kvnumba.results import AdmitResult, AppendResult, Stats
 
@@ -117,12 +119,19 @@ class BlockManager:
         self._prefix_caching = bool(prefix_caching)
         self._on_evict = on_evict
         blocks_per_seq = -(-max_seq_len // block_size)
-        self._s = new_state(
-            num_blocks, block_size, max_seqs, blocks_per_seq, self._prefix_caching, _hash_bits
+        self._packed = new_state(
+            num_blocks,
+            block_size,
+            max_seqs,
+            blocks_per_seq,
+            max_seq_len,
+            self._prefix_caching,
+            _hash_bits,
         )
-        self._s.meta[M_MAX_SEQ_LEN] = max_seq_len
-        self._scratch = list(new_scratch(num_blocks, block_size, max_seqs))
-        self._scratch[1][S_EV_PAYLOAD] = 1 if on_evict is not None else 0
+        self._s = state_views(self._packed)
+        self._ctl = self._packed[-1]
+        self._ctl[META_SIZE + S_EV_PAYLOAD] = 1 if on_evict is not None else 0
+        self._scratch = new_scratch(block_size, payload=on_evict is not None)
         views = []
         for array in self._s:
             view = array.view()
@@ -130,63 +139,24 @@ class BlockManager:
             views.append(view)
         self._views = State(*views)
         self._failed_calls = 0
-        self._bind()
-
-    # ------------------------------------------------------------------ kernel argument tuples
-    def _bind(self):
-        """Pre-build the argument tuples of the kernels (after any scratch buffer grew)."""
-        s = self._s
-        ulog, scr, meta_save, ev_ids, ev_hash, ev_tok, seq_mark = self._scratch
-        self._append_args = (
-            s.ref, s.lru_prev, s.lru_next, s.block_hash, s.block_salt, s.block_flags, s.tokens,
-            s.free_stack, s.htab, s.seq_table, s.seq_len, s.seq_gen, s.seq_salt, s.seq_live,
-            s.meta, ulog, scr, ev_ids, ev_hash, ev_tok, seq_mark,
-        )  # fmt: skip
-        self._admit_args = (
-            s.ref, s.lru_prev, s.lru_next, s.block_hash, s.block_salt, s.block_flags, s.tokens,
-            s.free_stack, s.htab, s.seq_table, s.seq_len, s.seq_gen, s.seq_salt, s.seq_live,
-            s.slot_stack, s.meta, ulog, scr, meta_save, ev_ids, ev_hash, ev_tok,
-        )  # fmt: skip
-        self._release_args = (
-            s.ref, s.lru_prev, s.lru_next, s.block_flags, s.tokens, s.free_stack, s.seq_table,
-            s.seq_len, s.seq_gen, s.seq_salt, s.seq_live, s.slot_stack, s.meta, ulog, scr,
-            seq_mark,
-        )  # fmt: skip
-        self._fork_args = (
-            s.ref, self._block_size, s.seq_table, s.seq_len, s.seq_gen, s.seq_salt, s.seq_live,
-            s.slot_stack, s.meta, ulog, scr, seq_mark,
-        )  # fmt: skip
-        self._new_args = (
-            s.seq_len,
-            s.seq_gen,
-            s.seq_salt,
-            s.seq_live,
-            s.slot_stack,
-            s.meta,
-            ulog,
-            scr,
-        )
-        self._tables_args = (
-            self._block_size, s.seq_table, s.seq_len, s.seq_gen, s.seq_live, seq_mark, scr,
-        )  # fmt: skip
-        self._lens_args = (s.seq_len, s.seq_gen, s.seq_live, seq_mark, scr)
-        self._can_args = (
-            s.ref, self._block_size, s.seq_table, s.seq_len, s.seq_gen, s.seq_live, s.meta, scr,
-            seq_mark,
-        )  # fmt: skip
+        self._args = self._packed + self._scratch
 
     def _grow_records(self, evictions: int, blocks: int = 0, prompts: int = 0):
-        """Grow the eviction records (and the undo log) so a call of this size fits."""
-        ulog, scr, meta_save, ev_ids, ev_hash, ev_tok, seq_mark = self._scratch
-        rows = max(2 * ev_ids.shape[0], int(evictions))
-        self._scratch[3] = np.zeros(rows, dtype=np.int64)
-        self._scratch[4] = np.zeros(rows, dtype=np.uint64)
-        if scr[S_EV_PAYLOAD] != 0 or blocks:
-            self._scratch[5] = np.zeros((rows, self._block_size), dtype=np.int64)
+        """Grow the eviction records (and the undo log) so that a call of this size fits.
+
+        ``blocks`` and ``prompts`` are set for an atomic admit that may need its undo log, which
+        also keeps the payload of every eviction.
+        """
+        ulog, ev, ev_tok = self._scratch
+        rows = max(2 * ev.shape[1], int(evictions))
+        ev = np.zeros((2, rows), dtype=np.int64)
+        if self._on_evict is not None or blocks:
+            ev_tok = np.zeros((rows, self._block_size), dtype=np.int64)
         log_rows = LOG_PER_BLOCK * int(blocks) + LOG_PER_SEQUENCE * int(prompts)
         if log_rows > ulog.shape[0]:
-            self._scratch[0] = np.zeros((max(log_rows, 2 * ulog.shape[0]), 3), dtype=np.int64)
-        self._bind()
+            ulog = np.zeros((max(log_rows, 2 * ulog.shape[0]), 3), dtype=np.int64)
+        self._scratch = (ulog, ev, ev_tok)
+        self._args = self._packed + self._scratch
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -245,7 +215,7 @@ class BlockManager:
         count = operator.index(count)
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        status, ids = k_new_sequences(count, *self._new_args)
+        status, ids = k_new_sequences(count, *self._args)
         if status:
             self._raise(status, -1, None, requested=count)
         return ids
@@ -288,7 +258,7 @@ class BlockManager:
         else:
             tokens_in, has_tokens = index_array(tokens, "tokens"), True
         while True:
-            result = k_append(ids, counts, tokens_in, has_tokens, atomic, *self._append_args)
+            result = k_append(ids, counts, tokens_in, has_tokens, atomic, *self._args)
             status = result[0]
             if status != E.ST_NEED_BUFFERS:
                 break
@@ -297,9 +267,8 @@ class BlockManager:
             self._raise(
                 status, result[1], ids, counts=counts, needed=result[2], available=result[3]
             )
-        ok = result[7]
-        self._after_call(ok)
-        return AppendResult(result[4], result[5], result[6], ok)
+        self._after_call()
+        return AppendResult(result[4], result[5], result[6], result[7])
 
     def admit(self, tokens, lengths, *, salts=None, atomic: bool = True) -> AdmitResult:
         """Create one sequence per prompt, reusing the longest cached prefix of each.
@@ -339,7 +308,7 @@ class BlockManager:
                     f"salts has {salts.shape[0]} entries for {lengths.shape[0]} prompts"
                 )
         while True:
-            result = k_admit(tokens_in, lengths, salts, atomic, *self._admit_args)
+            result = k_admit(tokens_in, lengths, salts, atomic, *self._args)
             status = result[0]
             if status != E.ST_NEED_BUFFERS:
                 break
@@ -354,9 +323,8 @@ class BlockManager:
                 needed=result[2],
                 available=result[3],
             )
-        ok = result[7]
-        self._after_call(ok)
-        return AdmitResult(result[4], result[5], result[6], ok)
+        self._after_call()
+        return AdmitResult(result[4], result[5], result[6], result[7])
 
     def fork(self, ids, n: int = 1) -> np.ndarray:
         """Give every sequence ``n`` children that share all of its blocks.
@@ -379,7 +347,7 @@ class BlockManager:
         n = operator.index(n)
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        status, bad, children = k_fork(ids, n, *self._fork_args)
+        status, bad, children = k_fork(ids, n, *self._args)
         if status:
             self._raise(status, bad, ids, requested=ids.shape[0] * n)
         return children
@@ -391,14 +359,14 @@ class BlockManager:
         every other block returns to the free list. The ids become invalid forever.
         """
         ids = index_array(ids, "ids")
-        status, bad = k_release(ids, *self._release_args)
+        status, bad = k_release(ids, *self._args)
         if status:
             self._raise(status, bad, ids)
 
     def block_tables(self, ids) -> np.ndarray:
         """Block tables of ``ids`` as int32 ``(len(ids), width)``, padded with -1."""
         ids = index_array(ids, "ids")
-        status, bad, tables = k_block_tables(ids, *self._tables_args)
+        status, bad, tables = k_block_tables(ids, *self._args)
         if status:
             self._raise(status, bad, ids)
         return tables
@@ -406,7 +374,7 @@ class BlockManager:
     def seq_lens(self, ids) -> np.ndarray:
         """Tokens held by each sequence of ``ids`` (int64)."""
         ids = index_array(ids, "ids")
-        status, bad, lengths = k_seq_lens(ids, *self._lens_args)
+        status, bad, lengths = k_seq_lens(ids, *self._args)
         if status:
             self._raise(status, bad, ids)
         return lengths
@@ -415,7 +383,7 @@ class BlockManager:
         """Whether ``append(ids, counts, atomic=True)`` would succeed now (input validated)."""
         ids = index_array(ids, "ids")
         counts = index_array(counts, "counts")
-        status, bad, fits = k_can_append(ids, counts, *self._can_args)
+        status, bad, fits = k_can_append(ids, counts, *self._args)
         if status:
             self._raise(status, bad, ids, counts=counts)
         return bool(fits)
@@ -429,8 +397,11 @@ class BlockManager:
 
     def is_live(self, seq_id: int) -> bool:
         """Whether ``seq_id`` names a live sequence of this manager."""
-        status, _ = resolve(int(seq_id), self._s.seq_gen, self._s.seq_live)
-        return status == E.ST_OK
+        seq_id = operator.index(seq_id)
+        slot, generation = seq_id & SLOT_MASK, seq_id >> SLOT_BITS
+        if seq_id < 0 or slot >= self._max_seqs:
+            return False
+        return bool(self._s.seq_live[slot]) and generation == self._s.seq_gen[slot]
 
     # -------------------------------------------------------------------------- introspection
     def check(self) -> None:
@@ -441,12 +412,9 @@ class BlockManager:
         InvariantViolation
             Naming the first inconsistency found.
         """
-        code, a, b = k_check(*self._s)
+        code, a, b = k_check(*self._args)
         if code:
             raise E.InvariantViolation(MESSAGES[code].format(a=a, b=b))
-        scr = self._scratch[1]
-        if scr[S_EV_N] < 0:
-            raise E.InvariantViolation("eviction record count is negative")
 
     def stats(self) -> Stats:
         """Block counts and counters of committed work (see :class:`kvnumba.Stats`)."""
@@ -476,15 +444,18 @@ class BlockManager:
         return np.empty(0, dtype=np.int64)
 
     # ---------------------------------------------------------------------------- internals
-    def _after_call(self, ok: np.ndarray) -> None:
+    def _after_call(self) -> None:
         """Count a partial failure and deliver the eviction callback of a committed call."""
-        if not ok.all():
+        ctl = self._ctl
+        if ctl[META_SIZE + S_FAILED]:
             self._failed_calls += 1
         if self._on_evict is not None:
-            scr, ev_ids, ev_hash, ev_tok = (self._scratch[i] for i in (1, 3, 4, 5))
-            n = int(scr[S_EV_N])
+            n = int(ctl[META_SIZE + S_EV_N])
             if n:
-                self._on_evict(ev_ids[:n].copy(), ev_hash[:n].copy(), ev_tok[:n].copy())
+                _, ev, ev_tok = self._scratch
+                self._on_evict(
+                    ev[0, :n].copy(), ev[1, :n].view(np.uint64).copy(), ev_tok[:n].copy()
+                )
 
     def _raise(
         self,

@@ -6,6 +6,7 @@ import operator
 
 import numpy as np
 
+from kvnumba._inputs import index_array
 from kvnumba.errors import InvalidPosition, SequenceReleased
 from kvnumba.results import AppendResult
 
@@ -63,9 +64,7 @@ class Sequence:
             raise ValueError("pass exactly one of tokens or count")
         if tokens is None:
             return self._manager.append([self._id], [operator.index(count)])
-        tokens = np.asarray(tokens)
-        if tokens.ndim != 1:
-            raise ValueError(f"tokens must be one-dimensional, got shape {tokens.shape}")
+        tokens = index_array(tokens, "tokens")
         return self._manager.append([self._id], [tokens.shape[0]], tokens)
 
     def fork(self) -> Sequence:

@@ -52,11 +52,6 @@ def test_append_tokens_and_count():
     mgr.check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Sequence.append passes tokens through np.asarray, so [] becomes float64 and "
-    "is refused with TypeError, while BlockManager.append([id], [0], []) accepts it",
-)
 def test_append_empty_token_list():
     mgr = BlockManager(8, 4)
     seq = mgr.sequence()

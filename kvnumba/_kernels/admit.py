@@ -28,6 +28,7 @@ from kvnumba._state import (
     M_USED,
     S_EV_N,
     S_EV_PAYLOAD,
+    S_FAILED,
     S_LOG_N,
     S_LOG_ON,
 )
@@ -71,7 +72,7 @@ def lookup_prefix(prompt, salt, hits, ref, block_hash, block_salt, tokens, htab,
 
 
 @njit(cache=True)
-def k_admit(
+def admit_batch(
     tokens_in,
     lengths,
     salts,
@@ -154,6 +155,7 @@ def k_admit(
         scr[S_LOG_ON] = 1
         scr[S_EV_PAYLOAD] = 1
     scr[S_EV_N] = 0
+    scr[S_FAILED] = 0
     hits = np.empty(width, dtype=np.int64)
     slot_mapping = np.full(total, -1, dtype=np.int64)
     out = 0
@@ -169,6 +171,7 @@ def k_admit(
         need = blocks_of(length, block_size) - num_hits
         if need > meta[M_FREE_TOP] + meta[M_CACHED] - cached_hits:
             if not atomic:
+                scr[S_FAILED] += 1
                 out += length
                 start += length
                 continue

@@ -15,6 +15,7 @@ from kvnumba._state import (
     M_MAX_SEQ_LEN,
     S_EV_N,
     S_EV_PAYLOAD,
+    S_FAILED,
     S_STAMP,
 )
 from kvnumba.errors import (
@@ -224,7 +225,7 @@ def total_need(slots, counts, ref, block_size, seq_table, seq_len):
 
 
 @njit(cache=True)
-def k_can_append(
+def can_append_batch(
     ids, counts, ref, block_size, seq_table, seq_len, seq_gen, seq_live, meta, scr, seq_mark
 ):
     """Whether an atomic append would succeed now; returns (status, bad index, fits)."""
@@ -239,7 +240,7 @@ def k_can_append(
 
 
 @njit(cache=True)
-def k_append(
+def append_batch(
     ids,
     counts,
     tokens_in,
@@ -314,6 +315,7 @@ def k_append(
     cow_dst = np.empty(n, dtype=np.int32)
     num_cow = 0
     scr[S_EV_N] = 0
+    scr[S_FAILED] = 0
     remaining = available
     offset = 0
     for i in range(n):
@@ -352,6 +354,8 @@ def k_append(
             )
             remaining -= need
             ok[i] = True
+        else:
+            scr[S_FAILED] += 1
         offset += counts[i]
     table_purge_evicted(htab, block_hash, ev_hash, scr[S_EV_N])
     return ST_OK, -1, needed, available, slot_mapping, cow_src[:num_cow], cow_dst[:num_cow], ok

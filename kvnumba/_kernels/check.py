@@ -51,7 +51,7 @@ MESSAGES = {
 
 
 @njit(cache=True)
-def k_check(
+def check_state(
     ref,
     lru_prev,
     lru_next,

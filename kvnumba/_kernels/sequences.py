@@ -84,7 +84,7 @@ def blocks_of(length, block_size):
 
 
 @njit(cache=True)
-def k_new_sequences(count, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, scr):
+def new_sequences_batch(count, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, scr):
     """Create ``count`` empty sequences; returns (status, ids)."""
     ids = np.empty(count, dtype=np.int64)
     if count > meta[M_SLOT_TOP]:
@@ -96,7 +96,7 @@ def k_new_sequences(count, seq_len, seq_gen, seq_salt, seq_live, slot_stack, met
 
 
 @njit(cache=True)
-def k_release(
+def release_batch(
     ids,
     ref,
     lru_prev,
@@ -147,7 +147,7 @@ def k_release(
 
 
 @njit(cache=True)
-def k_fork(
+def fork_batch(
     ids,
     n,
     ref,
@@ -187,7 +187,7 @@ def k_fork(
 
 
 @njit(cache=True)
-def k_block_tables(ids, block_size, seq_table, seq_len, seq_gen, seq_live, seq_mark, scr):
+def block_tables_batch(ids, block_size, seq_table, seq_len, seq_gen, seq_live, seq_mark, scr):
     """Padded block tables of ``ids``; returns (status, bad index, int32 table)."""
     status, bad, slots = resolve_all(ids, seq_gen, seq_live, seq_mark, scr, False)
     if status != ST_OK:
@@ -203,7 +203,7 @@ def k_block_tables(ids, block_size, seq_table, seq_len, seq_gen, seq_live, seq_m
 
 
 @njit(cache=True)
-def k_seq_lens(ids, seq_len, seq_gen, seq_live, seq_mark, scr):
+def seq_lens_batch(ids, seq_len, seq_gen, seq_live, seq_mark, scr):
     """Lengths of ``ids``; returns (status, bad index, int64 lengths)."""
     status, bad, slots = resolve_all(ids, seq_gen, seq_live, seq_mark, scr, False)
     out = np.empty(ids.shape[0], dtype=np.int64)
