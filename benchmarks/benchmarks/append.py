@@ -11,7 +11,7 @@ PREFILL_TOKENS = 512  # 32 blocks per sequence
 class AppendDecode(Fresh):
     """``append(ids, 1)``: one token for each of ``batch`` sequences, into a partial tail."""
 
-    def setup(self, batch, num_blocks):
+    def prepare(self, batch, num_blocks):
         common.fits(batch, num_blocks)
         self.mgr, _ = common.manager(("decode", batch, num_blocks), num_blocks)
         self.ids = self.to_release = common.sequences(self.mgr, batch, 1)
@@ -24,7 +24,7 @@ class AppendDecode(Fresh):
 class AppendPrefill(Fresh):
     """``append(ids, 512)``: a 32-block prefill for each of ``batch`` empty sequences."""
 
-    def setup(self, batch, num_blocks):
+    def prepare(self, batch, num_blocks):
         common.fits(batch * PREFILL_TOKENS // common.BLOCK_SIZE, num_blocks)
         self.mgr, _ = common.manager(("prefill", batch, num_blocks), num_blocks)
         self.ids = self.to_release = self.mgr.new_sequences(batch)
@@ -37,7 +37,7 @@ class AppendPrefill(Fresh):
 class CopyOnWrite(Fresh):
     """``append(ids, 1)`` to ``batch`` parents whose partial tail a fork shares: one copy each."""
 
-    def setup(self, batch, num_blocks):
+    def prepare(self, batch, num_blocks):
         common.fits(2 * batch, num_blocks)
         self.mgr, _ = common.manager(("cow", batch, num_blocks), num_blocks, max_seqs=2 * batch + 8)
         self.ids = common.sequences(self.mgr, batch, 8)
@@ -52,7 +52,7 @@ class CopyOnWrite(Fresh):
 class CanAppend(ReadOnly):
     """``can_append(ids, 1)`` for ``batch`` sequences (validation plus capacity count)."""
 
-    def setup(self, batch, num_blocks):
+    def prepare(self, batch, num_blocks):
         common.fits(batch, num_blocks)
         self.mgr, self.ids = common.manager(
             ("can_append", batch, num_blocks),

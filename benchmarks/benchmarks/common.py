@@ -10,7 +10,8 @@ Conventions of every class in this suite:
   construction nor compilation (nor numba cache loading) is ever timed.
 - The timed body makes exactly one call. asv re-runs ``teardown`` and ``setup`` around every
   timed call (``number = 1``, no warm-up loop), and ``teardown`` undoes what the call did, so
-  every call finds the state ``setup`` prepared.
+  every call finds the state ``setup`` prepared (classes implement ``prepare``; the shared
+  ``setup`` also makes one untimed warm-up call of the body per process).
 
 ``KVNUMBA_BENCH_IMPL=reference`` runs the suite on the pure-Python reference instead (to test
 the suite itself; the reference has no ``state`` and is far slower).
@@ -138,15 +139,42 @@ def sequences(mgr, count: int, tokens: int) -> np.ndarray:
     return ids
 
 
-class Fresh:
-    """Base of benchmarks whose timed call changes the state: one call per setup/teardown.
+_WARMED: set[tuple] = set()
 
-    ``setup`` (or the timed call) puts the sequences to drop in ``self.to_release``; ``teardown``
-    releases them, which returns the pool to its base state.
-    """
+
+class _Operation:
+    """Common ``setup`` of the suite: ``prepare`` the state, and the first time in this process
+    also run the timed body once (then ``teardown`` and ``prepare`` again), so that a first call's
+    one-time costs (numba dispatch of new argument types, first touch of result buffers) are
+    never in a sample, not even in ``asv run --quick``'s single one."""
 
     params = (BATCHES, POOLS)
     param_names = ("batch", "num_blocks")
+
+    def prepare(self, *params):
+        raise NotImplementedError
+
+    def setup(self, *params):
+        self.prepare(*params)
+        key = (type(self).__name__, params)
+        if key not in _WARMED:
+            _WARMED.add(key)
+            body = next(getattr(self, n) for n in dir(type(self)) if n.startswith("time_"))
+            body(*params)
+            self.teardown(*params)
+            self.prepare(*params)
+
+    def teardown(self, *params):
+        pass
+
+
+class Fresh(_Operation):
+    """Base of benchmarks whose timed call changes the state: one call per setup/teardown.
+
+    ``prepare`` (or the timed call) puts the sequences to drop in ``self.to_release``;
+    ``teardown`` releases them, which returns the pool to its base state.
+    """
+
     number = 1  # every timed call must find the state setup prepared
     warmup_time = 0.0  # a warm-up loop would call the body without teardown in between
     repeat = (10, 50, 5.0)
@@ -157,8 +185,5 @@ class Fresh:
             self.mgr.release(ids)
 
 
-class ReadOnly:
+class ReadOnly(_Operation):
     """Base of benchmarks whose timed call does not change the state."""
-
-    params = (BATCHES, POOLS)
-    param_names = ("batch", "num_blocks")

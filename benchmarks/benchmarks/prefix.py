@@ -16,7 +16,7 @@ def _prompts(batch):
 class AdmitHit(Fresh):
     """``admit`` of ``batch`` prompts whose two full blocks are all cached (refcount 0)."""
 
-    def setup(self, batch, num_blocks):
+    def prepare(self, batch, num_blocks):
         common.fits(3 * batch, num_blocks)
 
         def init(mgr):
@@ -33,7 +33,7 @@ class AdmitHit(Fresh):
 class AdmitMiss(Fresh):
     """``admit`` of ``batch`` new prompts: every lookup misses, blocks come from the free stack."""
 
-    def setup(self, batch, num_blocks):
+    def prepare(self, batch, num_blocks):
         common.fits(3 * batch, num_blocks)
         self.mgr, _ = common.manager(("miss", batch, num_blocks), num_blocks)
         if self.mgr.stats().free < 3 * batch:
@@ -49,7 +49,7 @@ class Evict(Fresh):
     """``append(ids, 16)`` to ``batch`` empty sequences when every block is cached: one
     LRU eviction (hash-table removal, payload scrub) per sequence."""
 
-    def setup(self, batch, num_blocks):
+    def prepare(self, batch, num_blocks):
         common.fits(batch, num_blocks)
         self.mgr, _ = common.manager(
             ("evict", batch, num_blocks),

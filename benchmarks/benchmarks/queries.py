@@ -11,7 +11,7 @@ def _sequences(batch):
 class BlockTables(ReadOnly):
     """``block_tables(ids)`` of ``batch`` sequences holding 4 blocks each."""
 
-    def setup(self, batch, num_blocks):
+    def prepare(self, batch, num_blocks):
         common.fits(4 * batch, num_blocks)
         self.mgr, self.ids = common.manager(
             ("tables", batch, num_blocks), num_blocks, init=_sequences(batch)
@@ -24,7 +24,7 @@ class BlockTables(ReadOnly):
 class Check(ReadOnly):
     """``check()``: the full invariant scan, ``batch`` live sequences of 4 blocks each."""
 
-    def setup(self, batch, num_blocks):
+    def prepare(self, batch, num_blocks):
         common.fits(4 * batch, num_blocks)
         self.mgr, _ = common.manager(
             ("check", batch, num_blocks), num_blocks, init=_sequences(batch)

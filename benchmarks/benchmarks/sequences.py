@@ -9,7 +9,7 @@ from .common import BATCHES, POOLS, Fresh
 class NewSequences(Fresh):
     """``new_sequences(batch)``: empty sequences, no block taken."""
 
-    def setup(self, batch, num_blocks):
+    def prepare(self, batch, num_blocks):
         self.mgr, _ = common.manager(("new", batch, num_blocks), num_blocks)
 
     def time_new_sequences(self, batch, num_blocks):
@@ -22,7 +22,7 @@ class Fork(Fresh):
     params = (BATCHES, POOLS, (1, 8))
     param_names = ("batch", "num_blocks", "n")
 
-    def setup(self, batch, num_blocks, n):
+    def prepare(self, batch, num_blocks, n):
         common.fits(4 * batch, num_blocks)
         self.mgr, _ = common.manager(
             ("fork", batch, num_blocks, n), num_blocks, max_seqs=batch * (n + 1) + 8
@@ -38,7 +38,7 @@ class Fork(Fresh):
 class Release(Fresh):
     """``release(ids)`` of ``batch`` sequences holding 4 blocks each (back to the free stack)."""
 
-    def setup(self, batch, num_blocks):
+    def prepare(self, batch, num_blocks):
         common.fits(4 * batch, num_blocks)
         self.mgr, _ = common.manager(("release", batch, num_blocks), num_blocks)
         self.ids = common.sequences(self.mgr, batch, 4 * common.BLOCK_SIZE)
