@@ -1,8 +1,8 @@
 """State layout: the flat arrays that hold a manager's whole allocator state.
 
-Every entry kernel takes the packed arrays of :data:`PACKED_FIELDS` followed by the per-call
-scratch arrays of :data:`SCRATCH_FIELDS` as explicit arguments. Integer constants name the rows
-of the packed arrays, the slots of ``meta`` and ``scr``, and the per-block flag bits.
+All state arrays are views into one uint8 arena, the per-call scratch arrays into another; every
+entry kernel takes the two arenas. Integer constants name the slots of ``meta`` and ``scr`` and
+the per-block flag bits.
 """
 
 from __future__ import annotations
@@ -48,19 +48,18 @@ S_STAMP = 4  # call counter for duplicate-id detection through seq_mark
 S_FAILED = 5  # sequences or prompts of the current call that did not fit (non-atomic mode)
 SCR_SIZE = 8
 
-# Packed storage. Kernel dispatch costs about 75 ns per array argument, so the arrays of one
-# shape and dtype are rows of one 2-D array; the kernels unpack them into named views for free
-# (kernels/layout.py). Rows of blk32 (int32, 4 x num_blocks):
-B_REF, B_PREV, B_NEXT, B_FREE = 0, 1, 2, 3
-# Rows of blk64 (int64, 2 x num_blocks); the hash row is read as uint64:
-B_HASH, B_SALT = 0, 1
-# Rows of seq64 (int64, 6 x max_seqs); the mark row is per-call scratch, not state:
-Q_LEN, Q_GEN, Q_SALT, Q_LIVE, Q_SLOTS, Q_MARK = 0, 1, 2, 3, 4, 5
-# ctl (int64): meta, then the scratch control slots, then the copy of meta a logged call saves.
-CTL_SIZE = 2 * META_SIZE + SCR_SIZE
+# Storage: all state arrays are views into one uint8 arena, and all per-call scratch arrays into
+# a second one. Kernel dispatch costs tens of nanoseconds per array argument, so every entry
+# kernel takes just the two arenas and carves the named views out of them (kernels/entry.py)
+# at the cost of a few pointer computations. The arena starts with a header of HEADER_SLOTS
+# int64 per field: byte offset, byte size, first and second dimension (0 for 1-D fields).
+HEADER_SLOTS = 4
+MAX_FIELDS = 16
+HEADER_BYTES = 8 * HEADER_SLOTS * MAX_FIELDS
+_ALIGN = 64
 
-PACKED_FIELDS = ("blk32", "blk64", "block_flags", "tokens", "htab", "seq_table", "seq64", "ctl")
-SCRATCH_FIELDS = ("ulog", "ev", "ev_tok")
+# Scratch fields, in arena order.
+SCRATCH_FIELDS = ("ulog", "ev_ids", "ev_hash", "ev_tok", "seq_mark", "scr", "meta_save")
 
 
 class State(NamedTuple):
@@ -96,9 +95,9 @@ class State(NamedTuple):
         Generation of the slot's current or last occupant (the high bits of its id).
     seq_salt : int64[max_seqs]
         Prefix-cache salt of every slot.
-    seq_live : int64[max_seqs]
+    seq_live : uint8[max_seqs]
         1 while the slot holds a live sequence.
-    slot_stack : int64[max_seqs]
+    slot_stack : int32[max_seqs]
         Free sequence slots; the first ``meta[M_SLOT_TOP]`` entries are live.
     meta : int64[META_SIZE]
         Counters, stack tops and list ends (see the ``M_*`` constants).
@@ -131,6 +130,26 @@ def table_capacity(num_blocks: int) -> int:
     return 1 << max(4, int(3 * num_blocks - 1).bit_length())
 
 
+def _arena(fields: list[tuple[str, type, tuple[int, ...]]]) -> tuple[np.ndarray, dict]:
+    """One 64-byte aligned uint8 buffer holding ``fields`` (name, dtype, shape) and its header."""
+    assert len(fields) <= MAX_FIELDS
+    layout, offset = [], HEADER_BYTES
+    for name, dtype, shape in fields:
+        nbytes = int(np.dtype(dtype).itemsize * np.prod(shape, dtype=np.int64))
+        layout.append((name, dtype, shape, offset, nbytes))
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    raw = np.zeros(offset + _ALIGN, dtype=np.uint8)
+    start = (-raw.ctypes.data) % _ALIGN  # so that every field starts 64-byte aligned
+    arena = raw[start : start + offset]
+    header = arena[:HEADER_BYTES].view(np.int64)
+    views = {}
+    for i, (name, dtype, shape, field_offset, nbytes) in enumerate(layout):
+        dims = (*shape, 0) if len(shape) == 1 else shape
+        header[HEADER_SLOTS * i : HEADER_SLOTS * (i + 1)] = (field_offset, nbytes, *dims)
+        views[name] = arena[field_offset : field_offset + nbytes].view(dtype).reshape(shape)
+    return arena, views
+
+
 def new_state(
     num_blocks: int,
     block_size: int,
@@ -139,8 +158,8 @@ def new_state(
     max_seq_len: int,
     prefix_caching: bool,
     hash_bits: int = 64,
-) -> tuple:
-    """Allocate the packed arrays of an empty manager.
+) -> tuple[np.ndarray, State]:
+    """Allocate the state arena of an empty manager.
 
     Parameters
     ----------
@@ -153,71 +172,80 @@ def new_state(
 
     Returns
     -------
-    tuple
-        The arrays of :data:`PACKED_FIELDS`: every block free (popped in id order), every
-        sequence slot free (popped in slot order).
+    arena : numpy.ndarray of uint8
+        The buffer the kernels take.
+    state : State
+        Writable views of its fields: every block free (popped in id order), every sequence
+        slot free (popped in slot order).
     """
-    blk32 = np.full((4, num_blocks), NIL, dtype=np.int32)
-    blk32[B_REF] = 0
-    blk32[B_FREE] = np.arange(num_blocks - 1, -1, -1)  # reversed: block 0 is popped first
-    blk64 = np.zeros((2, num_blocks), dtype=np.int64)
-    seq64 = np.zeros((6, max_seqs), dtype=np.int64)
-    seq64[Q_SLOTS] = np.arange(max_seqs - 1, -1, -1)
-    ctl = np.zeros(CTL_SIZE, dtype=np.int64)
-    meta = ctl[:META_SIZE]
-    meta[M_FREE_TOP] = num_blocks
+    n, m = num_blocks, max_seqs
+    arena, v = _arena(
+        [
+            ("ref", np.int32, (n,)),
+            ("lru_prev", np.int32, (n,)),
+            ("lru_next", np.int32, (n,)),
+            ("free_stack", np.int32, (n,)),
+            ("block_hash", np.uint64, (n,)),
+            ("block_salt", np.int64, (n,)),
+            ("block_flags", np.uint8, (n,)),
+            ("tokens", np.int64, (n, block_size)),
+            ("htab", np.int32, (table_capacity(n),)),
+            ("seq_table", np.int32, (m, max_blocks_per_seq)),
+            ("seq_len", np.int64, (m,)),
+            ("seq_gen", np.int64, (m,)),
+            ("seq_salt", np.int64, (m,)),
+            ("seq_live", np.uint8, (m,)),
+            ("slot_stack", np.int32, (m,)),
+            ("meta", np.int64, (META_SIZE,)),
+        ]
+    )
+    state = State(**v)
+    state.lru_prev[:] = NIL
+    state.lru_next[:] = NIL
+    state.free_stack[:] = np.arange(n - 1, -1, -1)  # reversed: block 0 is popped first
+    state.tokens[:] = -1
+    state.htab[:] = EMPTY
+    state.seq_table[:] = NIL
+    state.slot_stack[:] = np.arange(m - 1, -1, -1)
+    meta = state.meta
+    meta[M_FREE_TOP] = n
     meta[M_LRU_HEAD] = NIL
     meta[M_LRU_TAIL] = NIL
-    meta[M_SLOT_TOP] = max_seqs
+    meta[M_SLOT_TOP] = m
     meta[M_PREFIX_CACHING] = 1 if prefix_caching else 0
     meta[M_HASH_BITS] = hash_bits
     meta[M_MAX_SEQ_LEN] = max_seq_len
-    return (
-        blk32,
-        blk64,
-        np.zeros(num_blocks, dtype=np.uint8),
-        np.full((num_blocks, block_size), -1, dtype=np.int64),
-        np.full(table_capacity(num_blocks), EMPTY, dtype=np.int32),
-        np.full((max_seqs, max_blocks_per_seq), NIL, dtype=np.int32),
-        seq64,
-        ctl,
-    )
+    return arena, state
 
 
-def state_views(packed: tuple) -> State:
-    """The :class:`State` views of a manager's packed arrays."""
-    blk32, blk64, block_flags, tokens, htab, seq_table, seq64, ctl = packed
-    return State(
-        ref=blk32[B_REF],
-        lru_prev=blk32[B_PREV],
-        lru_next=blk32[B_NEXT],
-        block_hash=blk64[B_HASH].view(np.uint64),
-        block_salt=blk64[B_SALT],
-        block_flags=block_flags,
-        tokens=tokens,
-        free_stack=blk32[B_FREE],
-        htab=htab,
-        seq_table=seq_table,
-        seq_len=seq64[Q_LEN],
-        seq_gen=seq64[Q_GEN],
-        seq_salt=seq64[Q_SALT],
-        seq_live=seq64[Q_LIVE],
-        slot_stack=seq64[Q_SLOTS],
-        meta=ctl[:META_SIZE],
-    )
+def new_scratch(block_size: int, max_seqs: int, rows: int, log_rows: int, payload: bool):
+    """Allocate the scratch arena (grown by the facade when a call needs more room).
 
-
-def new_scratch(block_size: int, rows: int = 64, payload: bool = False) -> tuple:
-    """Allocate the per-call scratch arrays (the facade grows them when a call needs more).
+    Parameters
+    ----------
+    block_size, max_seqs : int
+        Geometry of the manager.
+    rows : int
+        Eviction records one call can hold.
+    log_rows : int
+        Undo-log entries one call can hold.
+    payload : bool
+        Whether evicted payloads are copied (``on_evict`` set, or room for a logged call).
 
     Returns
     -------
-    tuple
-        ``(ulog, ev, ev_tok)``: the undo log ``(rows, 3)``, the eviction records ``(2, rows)``
-        (block ids, hash bits) and their payload copies ``(rows or 0, block_size)``.
+    arena : numpy.ndarray of uint8
+    views : dict
+        Views named as :data:`SCRATCH_FIELDS`.
     """
-    return (
-        np.zeros((rows, 3), dtype=np.int64),
-        np.zeros((2, rows), dtype=np.int64),
-        np.zeros((rows if payload else 0, block_size), dtype=np.int64),
+    return _arena(
+        [
+            ("ulog", np.int64, (log_rows, 3)),
+            ("ev_ids", np.int64, (rows,)),
+            ("ev_hash", np.uint64, (rows,)),
+            ("ev_tok", np.int64, (rows if payload else 0, block_size)),
+            ("seq_mark", np.int64, (max_seqs,)),
+            ("scr", np.int64, (SCR_SIZE,)),
+            ("meta_save", np.int64, (META_SIZE,)),
+        ]
     )

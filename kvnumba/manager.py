@@ -37,14 +37,12 @@ from kvnumba._state import (
     M_PREFIX_HITS,
     M_PREFIX_QUERIES,
     M_USED,
-    META_SIZE,
     S_EV_N,
     S_EV_PAYLOAD,
     S_FAILED,
     State,
     new_scratch,
     new_state,
-    state_views,
 )
 from kvnumba.results import AdmitResult, AppendResult, Stats
 
@@ -119,7 +117,7 @@ class BlockManager:
         self._prefix_caching = bool(prefix_caching)
         self._on_evict = on_evict
         blocks_per_seq = -(-max_seq_len // block_size)
-        self._packed = new_state(
+        self._arena, self._s = new_state(
             num_blocks,
             block_size,
             max_seqs,
@@ -128,10 +126,7 @@ class BlockManager:
             self._prefix_caching,
             _hash_bits,
         )
-        self._s = state_views(self._packed)
-        self._ctl = self._packed[-1]
-        self._ctl[META_SIZE + S_EV_PAYLOAD] = 1 if on_evict is not None else 0
-        self._scratch = new_scratch(block_size, payload=on_evict is not None)
+        self._new_scratch(rows=64, log_rows=64)
         views = []
         for array in self._s:
             view = array.view()
@@ -139,24 +134,33 @@ class BlockManager:
             views.append(view)
         self._views = State(*views)
         self._failed_calls = 0
-        self._args = self._packed + self._scratch
 
-    def _grow_records(self, evictions: int, blocks: int = 0, prompts: int = 0):
+    def _new_scratch(self, rows: int, log_rows: int, payload: bool = False) -> None:
+        """(Re)allocate the scratch arena, keeping its control slots and duplicate marks."""
+        old = getattr(self, "_x", None)
+        payload = payload or self._on_evict is not None
+        self._scratch, self._x = new_scratch(
+            self._block_size, self._max_seqs, rows, log_rows, payload
+        )
+        if old is None:
+            self._x["scr"][S_EV_PAYLOAD] = 1 if self._on_evict is not None else 0
+        else:
+            self._x["scr"][:] = old["scr"]
+            self._x["seq_mark"][:] = old["seq_mark"]
+        self._scr = self._x["scr"]
+        self._args = (self._arena, self._scratch)
+
+    def _grow_records(self, evictions: int, blocks: int = 0, prompts: int = 0) -> None:
         """Grow the eviction records (and the undo log) so that a call of this size fits.
 
         ``blocks`` and ``prompts`` are set for an atomic admit that may need its undo log, which
         also keeps the payload of every eviction.
         """
-        ulog, ev, ev_tok = self._scratch
-        rows = max(2 * ev.shape[1], int(evictions))
-        ev = np.zeros((2, rows), dtype=np.int64)
-        if self._on_evict is not None or blocks:
-            ev_tok = np.zeros((rows, self._block_size), dtype=np.int64)
-        log_rows = LOG_PER_BLOCK * int(blocks) + LOG_PER_SEQUENCE * int(prompts)
-        if log_rows > ulog.shape[0]:
-            ulog = np.zeros((max(log_rows, 2 * ulog.shape[0]), 3), dtype=np.int64)
-        self._scratch = (ulog, ev, ev_tok)
-        self._args = self._packed + self._scratch
+        rows = max(2 * self._x["ev_ids"].shape[0], int(evictions))
+        log_rows = max(
+            self._x["ulog"].shape[0], LOG_PER_BLOCK * int(blocks) + LOG_PER_SEQUENCE * int(prompts)
+        )
+        self._new_scratch(rows, log_rows, payload=bool(blocks))
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -446,15 +450,15 @@ class BlockManager:
     # ---------------------------------------------------------------------------- internals
     def _after_call(self) -> None:
         """Count a partial failure and deliver the eviction callback of a committed call."""
-        ctl = self._ctl
-        if ctl[META_SIZE + S_FAILED]:
+        scr = self._scr
+        if scr[S_FAILED]:
             self._failed_calls += 1
         if self._on_evict is not None:
-            n = int(ctl[META_SIZE + S_EV_N])
+            n = int(scr[S_EV_N])
             if n:
-                _, ev, ev_tok = self._scratch
+                x = self._x
                 self._on_evict(
-                    ev[0, :n].copy(), ev[1, :n].view(np.uint64).copy(), ev_tok[:n].copy()
+                    x["ev_ids"][:n].copy(), x["ev_hash"][:n].copy(), x["ev_tok"][:n].copy()
                 )
 
     def _raise(

@@ -1,8 +1,8 @@
-"""Entry points of the facade: one kernel per public call, all with the same array arguments.
+"""Entry points of the facade: one kernel per public call, each taking two arenas.
 
-Every entry kernel takes its call's inputs, then the packed state arrays and the scratch arrays
-(``PACKED_FIELDS + SCRATCH_FIELDS`` of :mod:`kvnumba._state`), unpacks them into named views
-and runs the implementation, which takes explicit arrays.
+Every entry kernel takes its call's inputs, then the state arena and the scratch arena of
+:mod:`kvnumba._state`, carves the named views out of them (:func:`unpack`, no copy, no
+allocation) and runs the implementation, which takes explicit arrays.
 """
 
 import numpy as np
@@ -18,51 +18,57 @@ from kvnumba._kernels.sequences import (
     release_batch,
     seq_lens_batch,
 )
-from kvnumba._state import META_SIZE, SCR_SIZE
+from kvnumba._state import HEADER_BYTES, HEADER_SLOTS
 
 
-@njit(cache=True)
-def unpack(blk32, blk64, seq64, ctl, ev):
-    """Named views of the packed arrays (rows are contiguous; no copy is made)."""
+@njit(cache=True, inline="always")
+def _field(arena, header, i):
+    """The bytes of field ``i`` of an arena."""
+    offset = header[HEADER_SLOTS * i]
+    return arena[offset : offset + header[HEADER_SLOTS * i + 1]]
+
+
+@njit(cache=True, inline="always")
+def _shape(header, i):
+    return header[HEADER_SLOTS * i + 2], header[HEADER_SLOTS * i + 3]
+
+
+# Inlined so that the views never travel through a returned tuple: that would cost an atomic
+# reference-count update per view per call.
+@njit(cache=True, inline="always")
+def unpack(arena, scratch):
+    """Named views of both arenas, in ``State`` then ``SCRATCH_FIELDS`` order."""
+    h = arena[:HEADER_BYTES].view(np.int64)
+    g = scratch[:HEADER_BYTES].view(np.int64)
     return (
-        blk32[0],  # ref
-        blk32[1],  # lru_prev
-        blk32[2],  # lru_next
-        blk32[3],  # free_stack
-        blk64[0].view(np.uint64),  # block_hash
-        blk64[1],  # block_salt
-        seq64[0],  # seq_len
-        seq64[1],  # seq_gen
-        seq64[2],  # seq_salt
-        seq64[3],  # seq_live
-        seq64[4],  # slot_stack
-        seq64[5],  # seq_mark
-        ctl[:META_SIZE],  # meta
-        ctl[META_SIZE : META_SIZE + SCR_SIZE],  # scr
-        ctl[META_SIZE + SCR_SIZE :],  # meta_save
-        ev[0],  # ev_ids
-        ev[1].view(np.uint64),  # ev_hash
+        _field(arena, h, 0).view(np.int32),  # ref
+        _field(arena, h, 1).view(np.int32),  # lru_prev
+        _field(arena, h, 2).view(np.int32),  # lru_next
+        _field(arena, h, 3).view(np.int32),  # free_stack
+        _field(arena, h, 4).view(np.uint64),  # block_hash
+        _field(arena, h, 5).view(np.int64),  # block_salt
+        _field(arena, h, 6).view(np.uint8),  # block_flags
+        _field(arena, h, 7).view(np.int64).reshape(_shape(h, 7)),  # tokens
+        _field(arena, h, 8).view(np.int32),  # htab
+        _field(arena, h, 9).view(np.int32).reshape(_shape(h, 9)),  # seq_table
+        _field(arena, h, 10).view(np.int64),  # seq_len
+        _field(arena, h, 11).view(np.int64),  # seq_gen
+        _field(arena, h, 12).view(np.int64),  # seq_salt
+        _field(arena, h, 13).view(np.uint8),  # seq_live
+        _field(arena, h, 14).view(np.int32),  # slot_stack
+        _field(arena, h, 15).view(np.int64),  # meta
+        _field(scratch, g, 0).view(np.int64).reshape(_shape(g, 0)),  # ulog
+        _field(scratch, g, 1).view(np.int64),  # ev_ids
+        _field(scratch, g, 2).view(np.uint64),  # ev_hash
+        _field(scratch, g, 3).view(np.int64).reshape(_shape(g, 3)),  # ev_tok
+        _field(scratch, g, 4).view(np.int64),  # seq_mark
+        _field(scratch, g, 5).view(np.int64),  # scr
+        _field(scratch, g, 6).view(np.int64),  # meta_save
     )
 
 
 @njit(cache=True)
-def k_admit(
-    tokens_in,
-    lengths,
-    salts,
-    atomic,
-    blk32,
-    blk64,
-    block_flags,
-    tokens,
-    htab,
-    seq_table,
-    seq64,
-    ctl,
-    ulog,
-    ev,
-    ev_tok,
-):
+def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
     """Entry kernel of ``admit_batch``."""
     (
         ref,
@@ -71,18 +77,24 @@ def k_admit(
         free_stack,
         block_hash,
         block_salt,
+        block_flags,
+        tokens,
+        htab,
+        seq_table,
         seq_len,
         seq_gen,
         seq_salt,
         seq_live,
         slot_stack,
-        seq_mark,
         meta,
-        scr,
-        meta_save,
+        ulog,
         ev_ids,
         ev_hash,
-    ) = unpack(blk32, blk64, seq64, ctl, ev)
+        ev_tok,
+        seq_mark,
+        scr,
+        meta_save,
+    ) = unpack(arena, scratch)
     return admit_batch(
         tokens_in,
         lengths,
@@ -114,9 +126,7 @@ def k_admit(
 
 
 @njit(cache=True)
-def k_can_append(
-    ids, counts, blk32, blk64, block_flags, tokens, htab, seq_table, seq64, ctl, ulog, ev, ev_tok
-):
+def k_can_append(ids, counts, arena, scratch):
     """Entry kernel of ``can_append_batch``."""
     (
         ref,
@@ -125,18 +135,24 @@ def k_can_append(
         free_stack,
         block_hash,
         block_salt,
+        block_flags,
+        tokens,
+        htab,
+        seq_table,
         seq_len,
         seq_gen,
         seq_salt,
         seq_live,
         slot_stack,
-        seq_mark,
         meta,
-        scr,
-        meta_save,
+        ulog,
         ev_ids,
         ev_hash,
-    ) = unpack(blk32, blk64, seq64, ctl, ev)
+        ev_tok,
+        seq_mark,
+        scr,
+        meta_save,
+    ) = unpack(arena, scratch)
     block_size = tokens.shape[1]
     return can_append_batch(
         ids, counts, ref, block_size, seq_table, seq_len, seq_gen, seq_live, meta, scr, seq_mark
@@ -144,24 +160,7 @@ def k_can_append(
 
 
 @njit(cache=True)
-def k_append(
-    ids,
-    counts,
-    tokens_in,
-    has_tokens,
-    atomic,
-    blk32,
-    blk64,
-    block_flags,
-    tokens,
-    htab,
-    seq_table,
-    seq64,
-    ctl,
-    ulog,
-    ev,
-    ev_tok,
-):
+def k_append(ids, counts, tokens_in, has_tokens, atomic, arena, scratch):
     """Entry kernel of ``append_batch``."""
     (
         ref,
@@ -170,18 +169,24 @@ def k_append(
         free_stack,
         block_hash,
         block_salt,
+        block_flags,
+        tokens,
+        htab,
+        seq_table,
         seq_len,
         seq_gen,
         seq_salt,
         seq_live,
         slot_stack,
-        seq_mark,
         meta,
-        scr,
-        meta_save,
+        ulog,
         ev_ids,
         ev_hash,
-    ) = unpack(blk32, blk64, seq64, ctl, ev)
+        ev_tok,
+        seq_mark,
+        scr,
+        meta_save,
+    ) = unpack(arena, scratch)
     return append_batch(
         ids,
         counts,
@@ -213,7 +218,7 @@ def k_append(
 
 
 @njit(cache=True)
-def k_check(blk32, blk64, block_flags, tokens, htab, seq_table, seq64, ctl, ulog, ev, ev_tok):
+def k_check(arena, scratch):
     """Entry kernel of ``check_state``."""
     (
         ref,
@@ -222,18 +227,24 @@ def k_check(blk32, blk64, block_flags, tokens, htab, seq_table, seq64, ctl, ulog
         free_stack,
         block_hash,
         block_salt,
+        block_flags,
+        tokens,
+        htab,
+        seq_table,
         seq_len,
         seq_gen,
         seq_salt,
         seq_live,
         slot_stack,
-        seq_mark,
         meta,
-        scr,
-        meta_save,
+        ulog,
         ev_ids,
         ev_hash,
-    ) = unpack(blk32, blk64, seq64, ctl, ev)
+        ev_tok,
+        seq_mark,
+        scr,
+        meta_save,
+    ) = unpack(arena, scratch)
     return check_state(
         ref,
         lru_prev,
@@ -255,9 +266,7 @@ def k_check(blk32, blk64, block_flags, tokens, htab, seq_table, seq64, ctl, ulog
 
 
 @njit(cache=True)
-def k_new_sequences(
-    count, blk32, blk64, block_flags, tokens, htab, seq_table, seq64, ctl, ulog, ev, ev_tok
-):
+def k_new_sequences(count, arena, scratch):
     """Entry kernel of ``new_sequences_batch``."""
     (
         ref,
@@ -266,27 +275,31 @@ def k_new_sequences(
         free_stack,
         block_hash,
         block_salt,
+        block_flags,
+        tokens,
+        htab,
+        seq_table,
         seq_len,
         seq_gen,
         seq_salt,
         seq_live,
         slot_stack,
-        seq_mark,
         meta,
-        scr,
-        meta_save,
+        ulog,
         ev_ids,
         ev_hash,
-    ) = unpack(blk32, blk64, seq64, ctl, ev)
+        ev_tok,
+        seq_mark,
+        scr,
+        meta_save,
+    ) = unpack(arena, scratch)
     return new_sequences_batch(
         count, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, scr
     )
 
 
 @njit(cache=True)
-def k_release(
-    ids, blk32, blk64, block_flags, tokens, htab, seq_table, seq64, ctl, ulog, ev, ev_tok
-):
+def k_release(ids, arena, scratch):
     """Entry kernel of ``release_batch``."""
     (
         ref,
@@ -295,18 +308,24 @@ def k_release(
         free_stack,
         block_hash,
         block_salt,
+        block_flags,
+        tokens,
+        htab,
+        seq_table,
         seq_len,
         seq_gen,
         seq_salt,
         seq_live,
         slot_stack,
-        seq_mark,
         meta,
-        scr,
-        meta_save,
+        ulog,
         ev_ids,
         ev_hash,
-    ) = unpack(blk32, blk64, seq64, ctl, ev)
+        ev_tok,
+        seq_mark,
+        scr,
+        meta_save,
+    ) = unpack(arena, scratch)
     return release_batch(
         ids,
         ref,
@@ -329,9 +348,7 @@ def k_release(
 
 
 @njit(cache=True)
-def k_fork(
-    ids, n, blk32, blk64, block_flags, tokens, htab, seq_table, seq64, ctl, ulog, ev, ev_tok
-):
+def k_fork(ids, n, arena, scratch):
     """Entry kernel of ``fork_batch``."""
     (
         ref,
@@ -340,18 +357,24 @@ def k_fork(
         free_stack,
         block_hash,
         block_salt,
+        block_flags,
+        tokens,
+        htab,
+        seq_table,
         seq_len,
         seq_gen,
         seq_salt,
         seq_live,
         slot_stack,
-        seq_mark,
         meta,
-        scr,
-        meta_save,
+        ulog,
         ev_ids,
         ev_hash,
-    ) = unpack(blk32, blk64, seq64, ctl, ev)
+        ev_tok,
+        seq_mark,
+        scr,
+        meta_save,
+    ) = unpack(arena, scratch)
     block_size = tokens.shape[1]
     return fork_batch(
         ids,
@@ -372,9 +395,7 @@ def k_fork(
 
 
 @njit(cache=True)
-def k_block_tables(
-    ids, blk32, blk64, block_flags, tokens, htab, seq_table, seq64, ctl, ulog, ev, ev_tok
-):
+def k_block_tables(ids, arena, scratch):
     """Entry kernel of ``block_tables_batch``."""
     (
         ref,
@@ -383,26 +404,30 @@ def k_block_tables(
         free_stack,
         block_hash,
         block_salt,
+        block_flags,
+        tokens,
+        htab,
+        seq_table,
         seq_len,
         seq_gen,
         seq_salt,
         seq_live,
         slot_stack,
-        seq_mark,
         meta,
-        scr,
-        meta_save,
+        ulog,
         ev_ids,
         ev_hash,
-    ) = unpack(blk32, blk64, seq64, ctl, ev)
+        ev_tok,
+        seq_mark,
+        scr,
+        meta_save,
+    ) = unpack(arena, scratch)
     block_size = tokens.shape[1]
     return block_tables_batch(ids, block_size, seq_table, seq_len, seq_gen, seq_live, seq_mark, scr)
 
 
 @njit(cache=True)
-def k_seq_lens(
-    ids, blk32, blk64, block_flags, tokens, htab, seq_table, seq64, ctl, ulog, ev, ev_tok
-):
+def k_seq_lens(ids, arena, scratch):
     """Entry kernel of ``seq_lens_batch``."""
     (
         ref,
@@ -411,16 +436,22 @@ def k_seq_lens(
         free_stack,
         block_hash,
         block_salt,
+        block_flags,
+        tokens,
+        htab,
+        seq_table,
         seq_len,
         seq_gen,
         seq_salt,
         seq_live,
         slot_stack,
-        seq_mark,
         meta,
-        scr,
-        meta_save,
+        ulog,
         ev_ids,
         ev_hash,
-    ) = unpack(blk32, blk64, seq64, ctl, ev)
+        ev_tok,
+        seq_mark,
+        scr,
+        meta_save,
+    ) = unpack(arena, scratch)
     return seq_lens_batch(ids, seq_len, seq_gen, seq_live, seq_mark, scr)
