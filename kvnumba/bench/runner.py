@@ -27,9 +27,7 @@ from kvnumba.bench.workloads import (
 # Timed call kinds: ``prefill`` is the ``append`` of a prefill, ``decode`` the 1-token append.
 CALL_KINDS = ("new_sequences", "prefill", "admit", "fork", "decode", "release")
 
-# Steps replayed (untimed) before the timed repetitions: enough to call every kernel once, so
-# that numba compilation or cache loading is never timed.
-WARMUP_STEPS = 3
+_WARM: set[type] = set()  # implementations warmed up in this process (see warm_up)
 
 
 @dataclass(frozen=True)
@@ -214,6 +212,29 @@ def replay(workload: Workload, manager_cls, *, check: bool = False):
     return sum(spent.values()), spent, calls, counters
 
 
+def warm_up(manager_cls) -> None:
+    """Call every operation the replay uses once, on a small manager, untimed.
+
+    Numba compiles a kernel (or loads it from the cache) at its first call; this makes sure that
+    happens here and never inside a timed span, whatever the workload's first steps are. The
+    arguments have the dtypes the replay passes (int64 arrays), so the same specializations
+    are the ones compiled.
+    """
+    if manager_cls in _WARM:
+        return
+    mgr = manager_cls(64, 16, max_seqs=8, max_seq_len=512)
+    ids = mgr.new_sequences(2)
+    mgr.append(ids, np.array([17, 1], dtype=np.int64))
+    children = mgr.fork(ids[:1], n=2)
+    mgr.append(ids, np.ones(2, dtype=np.int64), atomic=False)  # copy-on-write
+    admitted = mgr.admit(np.arange(40, dtype=np.int64), np.array([40], dtype=np.int64)).ids
+    mgr.block_tables(np.concatenate([ids, admitted]))
+    mgr.release(np.concatenate([ids, np.asarray(children).ravel(), admitted]))
+    mgr.stats()
+    mgr.check()
+    _WARM.add(manager_cls)
+
+
 def run(workload: Workload, manager_cls, *, repeat: int = 5, impl: str | None = None) -> RunResult:
     """Replay ``workload`` ``repeat`` times (after an untimed warm-up) and collect timings.
 
@@ -232,7 +253,7 @@ def run(workload: Workload, manager_cls, *, repeat: int = 5, impl: str | None = 
     -------
     RunResult
         Per-repetition timings and the counters (the first repetition also runs
-        ``mgr.check()``, untimed).
+        ``mgr.check()``, untimed). :func:`warm_up` runs first.
 
     Raises
     ------
@@ -242,7 +263,7 @@ def run(workload: Workload, manager_cls, *, repeat: int = 5, impl: str | None = 
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     result = RunResult(workload.name, impl or manager_cls.__name__, workload.num_steps)
-    replay(workload.head(WARMUP_STEPS), manager_cls)
+    warm_up(manager_cls)
     for k in CALL_KINDS:
         result.kind_ns[k] = []
     for r in range(repeat):

@@ -18,7 +18,7 @@ replay maps them onto the ids a manager hands out.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -87,32 +87,6 @@ class Workload:
     def num_seqs(self) -> int:
         """Number of sequences the workload creates."""
         return len(self.prompt_len)
-
-    def head(self, steps: int) -> Workload:
-        """Return the prologue and the first ``steps`` steps of this workload.
-
-        Parameters
-        ----------
-        steps : int
-            Steps to keep (at most ``num_steps``).
-
-        Returns
-        -------
-        Workload
-            A workload that replays exactly the first operations of this one (used for
-            warm-up runs).
-        """
-        steps = min(steps, self.num_steps)
-        n_ops = int(self.step_ptr[steps])
-        n_vals = int(self.op_ptr[n_ops])
-        return replace(
-            self,
-            op_kind=self.op_kind[:n_ops],
-            op_ptr=self.op_ptr[: n_ops + 1],
-            step_ptr=self.step_ptr[: steps + 1],
-            ids=self.ids[:n_vals],
-            vals=self.vals[:n_vals],
-        )
 
     def ops(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray | None]]:
         """Iterate over the batched operations in order.
