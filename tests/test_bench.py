@@ -150,3 +150,16 @@ def test_bench_rejects_unknown_workload(capsys):
 
     assert main(["--workload", "nope"]) == 2
     assert "unknown workload" in capsys.readouterr().err
+
+
+def test_bench_exits_nonzero_when_the_implementations_disagree(monkeypatch, capsys):
+    from kvnumba.bench import cli
+
+    class Miscounting(ReferenceBlockManager):
+        def stats(self):
+            st = super().stats()
+            return type(st)(**{**vars(st), "cow_copies": st.cow_copies + 1})
+
+    monkeypatch.setattr(cli, "_load_impl", lambda name: Miscounting)
+    assert cli.main(["--quick", "--workload", "micro-16"]) == cli.EXIT_DISAGREE
+    assert "DISAGREE" in capsys.readouterr().out

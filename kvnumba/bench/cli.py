@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         "--repeat",
         type=int,
         default=None,
+        metavar="N",
         help="timed repetitions per workload and implementation (default 5, 1 with --quick)",
     )
     p.add_argument(
