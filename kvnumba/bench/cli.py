@@ -18,9 +18,6 @@ from kvnumba.bench import runner, workloads
 EXIT_DISAGREE = 1
 EXIT_USAGE = 2
 
-# Counters shown in the table (all of runner.Counters must agree, these are the ones printed).
-SHOWN = (("allocations", "blocks"), ("cow_copies", "COW"), ("evictions", "evict"))
-
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -80,9 +77,8 @@ def _row(wl: workloads.Workload, fast: runner.RunResult, ref: runner.RunResult) 
         "agree": fc == rc,
     }
     if wl.name.startswith("micro-"):
-        k = int(wl.name.split("-")[1])
-        blocks = k * wl.num_steps
         for side, res in (("kvnumba", fast), ("reference", ref)):
+            blocks = max(res.counters.allocations, 1)  # k per step: every block is allocated
             row[side]["alloc_ns_per_block"] = res.kind_median_ns("prefill") / blocks
             row[side]["free_ns_per_block"] = res.kind_median_ns("release") / blocks
             row[side]["alloc_us_per_call"] = res.kind_median_ns("prefill") / 1e3 / wl.num_steps

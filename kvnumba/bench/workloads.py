@@ -209,7 +209,7 @@ class _Builder:
         )
 
 
-def _decode_steps(b: _Builder, active: np.ndarray, left: np.ndarray):
+def _decode_step(b: _Builder, active: np.ndarray, left: np.ndarray):
     """One decode step for every active sequence; returns (finished, active, left)."""
     b.op(OP_DECODE, active, 1)
     left = left - 1
@@ -255,7 +255,7 @@ def decode(steps: int = 2000, batch: int = 256, *, num_blocks: int = 65536) -> W
     active, left = admit(batch)
     for _ in range(steps):
         b.step()
-        finished, active, left = _decode_steps(b, active, left)
+        finished, active, left = _decode_step(b, active, left)
         new, outs = admit(len(finished))
         active, left = np.concatenate([active, new]), np.concatenate([left, outs])
     return b.build("decode", num_blocks)
@@ -315,7 +315,7 @@ def fork(
     active, left = admit(groups)
     for _ in range(steps):
         b.step()
-        finished, active, left = _decode_steps(b, active, left)
+        finished, active, left = _decode_step(b, active, left)
         completed = 0
         for sid in finished.tolist():
             g = group_of.pop(sid)
