@@ -44,7 +44,7 @@ from kvnumba.errors import (
 )
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def lookup_prefix(prompt, salt, hits, ref, block_hash, block_salt, tokens, htab, meta):
     """Registered blocks matching the prompt's leading full blocks, in order, into ``hits``.
 

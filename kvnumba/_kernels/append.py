@@ -30,7 +30,7 @@ from kvnumba.errors import (
 )
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def blocks_needed(slot, count, ref, block_size, seq_table, seq_len):
     """Blocks that appending ``count`` tokens to ``slot`` takes: new blocks plus a COW block."""
     if count == 0:
@@ -42,7 +42,7 @@ def blocks_needed(slot, count, ref, block_size, seq_table, seq_len):
     return need
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def append_tokens(
     slot,
     count,
@@ -106,7 +106,8 @@ def append_tokens(
                 ev_hash,
                 ev_tok,
             )
-            tokens[copy, :fill] = tokens[tail, :fill]
+            for j in range(fill):
+                tokens[copy, j] = tokens[tail, j]
             if (block_flags[tail] & F_KNOWN) == 0:
                 log_write(ulog, scr, U_FLAGS, copy, block_flags[copy])
                 block_flags[copy] = 0
@@ -118,8 +119,10 @@ def append_tokens(
             cow_dst[num_cow] = copy
             num_cow += 1
             meta[M_COW_COPIES] += 1
-    p = length
-    for t in range(count):
+    # Fill block by block: one take per new block, then a tight loop over its new slots.
+    done = 0
+    while done < count:
+        p = length + done
         pos = p // block_size
         offset = p - pos * block_size
         if offset == 0:
@@ -143,18 +146,22 @@ def append_tokens(
             seq_table[slot, pos] = b
         else:
             b = seq_table[slot, pos]
+        n = min(count - done, block_size - offset)
+        first_slot = b * block_size + offset
+        for j in range(n):
+            slot_mapping[out_offset + done + j] = first_slot + j
         if has_tokens:
-            tokens[b, offset] = src[src_offset + t]
+            for j in range(n):
+                tokens[b, offset + j] = src[src_offset + done + j]
         elif block_flags[b] & F_KNOWN:
             log_write(ulog, scr, U_FLAGS, b, block_flags[b])
             block_flags[b] = block_flags[b] & ~F_KNOWN
-        slot_mapping[out_offset + t] = b * block_size + offset
-        if offset == block_size - 1:
+        done += n
+        if offset + n == block_size:
             parent = seq_table[slot, pos - 1] if pos > 0 else -1
             register_full_block(
                 b, parent, salt, block_hash, block_salt, block_flags, tokens, htab, meta, ulog, scr
             )
-        p += 1
     log_write(ulog, scr, U_SEQLEN, slot, length)
     seq_len[slot] = length + count
     return num_cow

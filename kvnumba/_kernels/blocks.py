@@ -27,7 +27,7 @@ from kvnumba._state import (
 )
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def take_block(
     ref,
     lru_prev,
@@ -61,7 +61,8 @@ def take_block(
         ev_ids[record] = b
         ev_hash[record] = block_hash[b]
         if scr[S_EV_PAYLOAD] != 0:
-            ev_tok[record, :] = tokens[b, :]
+            for j in range(tokens.shape[1]):
+                ev_tok[record, j] = tokens[b, j]
             log_write(ulog, scr, U_TOKROW, b, record)
         scr[S_EV_N] = record + 1
         table_mark_evicted(htab, meta, b, block_hash[b], record, ulog, scr)
@@ -76,7 +77,7 @@ def take_block(
     return b
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def drop_ref(b, ref, lru_prev, lru_next, block_flags, tokens, free_stack, meta, ulog, scr):
     """Drop one reference; at zero a registered block is cached, any other block freed."""
     r = ref[b] - 1
@@ -95,7 +96,7 @@ def drop_ref(b, ref, lru_prev, lru_next, block_flags, tokens, free_stack, meta, 
             meta[M_FREE_TOP] = top + 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def register_full_block(
     b,
     parent_block,

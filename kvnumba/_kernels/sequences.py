@@ -22,7 +22,7 @@ SLOT_BITS = 32
 SLOT_MASK = (1 << SLOT_BITS) - 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def resolve(seq_id, seq_gen, seq_live):
     """Status and slot of a sequence id (status ST_OK only for a live sequence)."""
     if seq_id < 0:
@@ -58,7 +58,7 @@ def resolve_all(ids, seq_gen, seq_live, seq_mark, scr, reject_duplicates):
     return ST_OK, -1, slots
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def open_slot(salt, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, scr):
     """Take a free slot for a new empty sequence; returns (slot, id)."""
     top = meta[M_SLOT_TOP] - 1
@@ -77,7 +77,7 @@ def open_slot(salt, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog
     return slot, (gen << SLOT_BITS) | slot
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def blocks_of(length, block_size):
     """Blocks that hold ``length`` tokens."""
     return (length + block_size - 1) // block_size

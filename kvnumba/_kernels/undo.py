@@ -30,7 +30,7 @@ LOG_PER_BLOCK = 12
 LOG_PER_SEQUENCE = 8
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def log_write(ulog, scr, code, index, old):
     """Append one entry to the undo log if the current call is logged."""
     if scr[S_LOG_ON] != 0:
@@ -41,7 +41,7 @@ def log_write(ulog, scr, code, index, old):
         scr[S_LOG_N] = n + 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def rollback(
     ref,
     lru_prev,
@@ -84,7 +84,8 @@ def rollback(
             if old < 0:
                 tokens[i, :] = -1
             else:
-                tokens[i, :] = ev_tok[old, :]
+                for j in range(tokens.shape[1]):
+                    tokens[i, j] = ev_tok[old, j]
         elif code == U_HTAB:
             htab[i] = old
         elif code == U_SEQTAB:
@@ -97,7 +98,8 @@ def rollback(
             seq_salt[i] = old
         else:
             seq_live[i] = old
-    meta[:] = meta_save[:]
+    for j in range(meta.shape[0]):
+        meta[j] = meta_save[j]
     scr[S_LOG_N] = 0
     scr[S_LOG_ON] = 0
     scr[S_EV_N] = 0
