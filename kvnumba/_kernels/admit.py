@@ -1,6 +1,5 @@
 """Admitting prompts: longest cached prefix first, then the rest appended like ``append``."""
 
-import numpy as np
 from numba import njit
 
 from kvnumba._kernels.append import append_tokens
@@ -16,6 +15,7 @@ from kvnumba._kernels.undo import (
     log_write,
     rollback,
 )
+from kvnumba._kernels.views import unpack
 from kvnumba._state import (
     M_CACHED,
     M_FREE_TOP,
@@ -44,7 +44,7 @@ from kvnumba.errors import (
 )
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def lookup_prefix(prompt, salt, hits, ref, block_hash, block_salt, tokens, htab, meta):
     """Registered blocks matching the prompt's leading full blocks, in order, into ``hits``.
 
@@ -71,68 +71,67 @@ def lookup_prefix(prompt, salt, hits, ref, block_hash, block_salt, tokens, htab,
     return num_hits, num_cached
 
 
-@njit(cache=True)
-def admit_batch(
+@njit(cache=True, _nrt=False)
+def validate_admit(tokens_in, lengths, salts, arena, scratch):
+    """Check an admit request; returns (status, bad, total tokens, total blocks, most blocks).
+
+    Value errors first, then too long, then too many, as the reference model. Validation takes
+    precedence over capacity and changes nothing.
+    """
+    (_, _, _, _, _, _, _, tokens, _, _, _, _, _, _, _, meta, _, _, _, _, _, _, _) = unpack(
+        arena, scratch
+    )
+    num_prompts = lengths.shape[0]
+    block_size = tokens.shape[1]
+    total = 0
+    bound = 0
+    longest = 0
+    for p in range(num_prompts):
+        if lengths[p] < 1:
+            return ST_BAD_LENGTH, p, 0, 0, 0
+        total += lengths[p]
+        blocks = blocks_of(lengths[p], block_size)
+        bound += blocks
+        longest = max(longest, blocks)
+    if total != tokens_in.shape[0] or salts.shape[0] != num_prompts:
+        return ST_TOKEN_MISMATCH, -1, 0, 0, 0
+    for j in range(total):
+        if tokens_in[j] < 0:
+            return ST_BAD_TOKEN, j, 0, 0, 0
+    for p in range(num_prompts):
+        if lengths[p] > meta[M_MAX_SEQ_LEN]:
+            return ST_TOO_LONG, p, 0, 0, 0
+    if num_prompts > meta[M_SLOT_TOP]:
+        return ST_TOO_MANY_SEQS, -1, 0, 0, 0
+    return ST_OK, -1, total, bound, longest
+
+
+@njit(cache=True, _nrt=False)
+def run_admit(
     tokens_in,
     lengths,
     salts,
     atomic,
-    ref,
-    lru_prev,
-    lru_next,
-    block_hash,
-    block_salt,
-    block_flags,
-    tokens,
-    free_stack,
-    htab,
-    seq_table,
-    seq_len,
-    seq_gen,
-    seq_salt,
-    seq_live,
-    slot_stack,
-    meta,
-    ulog,
-    scr,
-    meta_save,
-    ev_ids,
-    ev_hash,
-    ev_tok,
+    bound,
+    ids,
+    num_cached_tokens,
+    slot_mapping,
+    ok,
+    hits,
+    arena,
+    scratch,
 ):
-    """Batched admit.
+    """Admit validated prompts; returns (status, failing prompt, needed, available, slots used).
 
-    Returns
-    -------
-    tuple
-        ``(status, bad index, needed, available, ids, num_cached_tokens, slot_mapping, ok)``.
+    ``ids`` arrives filled with -1, ``num_cached_tokens`` with 0, ``slot_mapping`` with -1;
+    ``hits`` has room for one sequence's blocks.
     """
+    (ref, lru_prev, lru_next, free_stack, block_hash, block_salt, block_flags, tokens, htab,
+     seq_table, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, ev_ids, ev_hash,
+     ev_tok, _, scr, meta_save) = unpack(arena, scratch)  # fmt: skip
     num_prompts = lengths.shape[0]
     block_size = tokens.shape[1]
     width = seq_table.shape[1]
-    ids = np.full(num_prompts, -1, dtype=np.int64)
-    num_cached_tokens = np.zeros(num_prompts, dtype=np.int64)
-    ok = np.zeros(num_prompts, dtype=np.bool_)
-    empty = np.empty(0, dtype=np.int64)
-    # Validation first (value errors, then too long, then too many, as the reference model):
-    # it takes precedence over capacity and changes nothing.
-    total = 0
-    bound = 0
-    for p in range(num_prompts):
-        if lengths[p] < 1:
-            return ST_BAD_LENGTH, p, 0, 0, ids, num_cached_tokens, empty, ok
-        total += lengths[p]
-        bound += blocks_of(lengths[p], block_size)
-    if total != tokens_in.shape[0] or salts.shape[0] != num_prompts:
-        return ST_TOKEN_MISMATCH, -1, 0, 0, ids, num_cached_tokens, empty, ok
-    for j in range(total):
-        if tokens_in[j] < 0:
-            return ST_BAD_TOKEN, j, 0, 0, ids, num_cached_tokens, empty, ok
-    for p in range(num_prompts):
-        if lengths[p] > meta[M_MAX_SEQ_LEN]:
-            return ST_TOO_LONG, p, 0, 0, ids, num_cached_tokens, empty, ok
-    if num_prompts > meta[M_SLOT_TOP]:
-        return ST_TOO_MANY_SEQS, -1, 0, 0, ids, num_cached_tokens, empty, ok
     available = meta[M_FREE_TOP] + meta[M_CACHED]
     # Later prompts depend on what earlier ones did, so an atomic call of several prompts keeps
     # an undo log; any other call checks each prompt's exact need before it writes anything.
@@ -147,17 +146,16 @@ def admit_batch(
         or (payload and evictions > ev_tok.shape[0])
         or (logged and log_size > ulog.shape[0])
     ):
-        return ST_NEED_BUFFERS, -1, bound, available, ids, num_cached_tokens, empty, ok
+        return ST_NEED_BUFFERS, -1, bound, available, 0
     saved_payload_flag = scr[S_EV_PAYLOAD]
     if logged:
-        meta_save[:] = meta[:]
+        for j in range(meta.shape[0]):
+            meta_save[j] = meta[j]
         scr[S_LOG_N] = 0
         scr[S_LOG_ON] = 1
         scr[S_EV_PAYLOAD] = 1
     scr[S_EV_N] = 0
     scr[S_FAILED] = 0
-    hits = np.empty(width, dtype=np.int64)
-    slot_mapping = np.full(total, -1, dtype=np.int64)
     out = 0
     start = 0
     needed = 0
@@ -214,10 +212,11 @@ def admit_batch(
                     ev_tok,
                 )
                 scr[S_EV_PAYLOAD] = saved_payload_flag
-            ids[:] = -1
-            num_cached_tokens[:] = 0
-            ok[:] = False
-            return ST_POOL_EXHAUSTED, p, needed, available, ids, num_cached_tokens, empty, ok
+            for q in range(num_prompts):
+                ids[q] = -1
+                num_cached_tokens[q] = 0
+                ok[q] = False
+            return ST_POOL_EXHAUSTED, p, needed, available, 0
         needed += need
         slot, new_id = open_slot(
             salt, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, scr
@@ -275,4 +274,4 @@ def admit_batch(
     scr[S_LOG_ON] = 0
     scr[S_EV_PAYLOAD] = saved_payload_flag
     table_purge_evicted(htab, block_hash, ev_hash, scr[S_EV_N])
-    return ST_OK, -1, needed, available, ids, num_cached_tokens, slot_mapping[:out], ok
+    return ST_OK, -1, needed, available, out

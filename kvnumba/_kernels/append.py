@@ -1,12 +1,12 @@
 """Growing sequences: partial-tail filling, copy-on-write of a shared partial tail, new blocks."""
 
-import numpy as np
 from numba import njit
 
 from kvnumba._kernels.blocks import register_full_block, take_block
 from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.sequences import blocks_of, resolve
 from kvnumba._kernels.undo import U_FLAGS, U_REF, U_SEQLEN, U_SEQTAB, log_write
+from kvnumba._kernels.views import unpack
 from kvnumba._state import (
     F_KNOWN,
     M_CACHED,
@@ -30,7 +30,7 @@ from kvnumba.errors import (
 )
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def blocks_needed(slot, count, ref, block_size, seq_table, seq_len):
     """Blocks that appending ``count`` tokens to ``slot`` takes: new blocks plus a COW block."""
     if count == 0:
@@ -42,7 +42,7 @@ def blocks_needed(slot, count, ref, block_size, seq_table, seq_len):
     return need
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def append_tokens(
     slot,
     count,
@@ -167,57 +167,55 @@ def append_tokens(
     return num_cow
 
 
-@njit(cache=True)
-def validate_growth(
-    ids, counts, tokens_in, has_tokens, seq_len, seq_gen, seq_live, seq_mark, meta, scr
-):
-    """Check an append request; returns (status, bad index, slots, total tokens).
+@njit(cache=True, _nrt=False)
+def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
+    """Check an append request, writing each id's slot; returns (status, bad index, tokens).
 
     Whole-array checks come first (counts, token ids), then each id in input order (unknown or
     released, duplicate, too long), the same order as the reference model.
     """
-    slots = np.empty(0, dtype=np.int64)
+    (_, _, _, _, _, _, _, _, _, _, seq_len, seq_gen, _, seq_live, _, meta, _, _, _, _, seq_mark,
+     scr, _) = unpack(arena, scratch)  # fmt: skip
     if counts.shape[0] != ids.shape[0]:
-        return ST_TOKEN_MISMATCH, -1, slots, 0
+        return ST_TOKEN_MISMATCH, -1, 0
     total = 0
     for i in range(ids.shape[0]):
         if counts[i] < 0:
-            return ST_NEGATIVE_COUNT, i, slots, 0
+            return ST_NEGATIVE_COUNT, i, 0
         total += counts[i]
     if has_tokens:
         if tokens_in.shape[0] != total:
-            return ST_TOKEN_MISMATCH, -1, slots, total
+            return ST_TOKEN_MISMATCH, -1, total
         for j in range(total):
             if tokens_in[j] < 0:
-                return ST_BAD_TOKEN, j, slots, total
-    slots = np.empty(ids.shape[0], dtype=np.int64)
+                return ST_BAD_TOKEN, j, total
     stamp = scr[S_STAMP] + 1
     scr[S_STAMP] = stamp
     for i in range(ids.shape[0]):
         status, slot = resolve(ids[i], seq_gen, seq_live)
         if status != ST_OK:
-            return status, i, slots, 0
+            return status, i, 0
         if seq_mark[slot] == stamp:
-            return ST_DUPLICATE_ID, i, slots, 0
+            return ST_DUPLICATE_ID, i, 0
         seq_mark[slot] = stamp
         if seq_len[slot] + counts[i] > meta[M_MAX_SEQ_LEN]:
-            return ST_TOO_LONG, i, slots, 0
+            return ST_TOO_LONG, i, 0
         slots[i] = slot
-    return ST_OK, -1, slots, total
+    return ST_OK, -1, total
 
 
-@njit(cache=True)
-def total_need(slots, counts, ref, block_size, seq_table, seq_len):
+@njit(cache=True, _nrt=False, inline="always")
+def total_need(slots, counts, dropped, ref, block_size, seq_table, seq_len):
     """Blocks an append of all ``slots``, served in order, takes.
 
     A shared partial tail is copied only by holders that still find it shared: once the other
     holders appended earlier in the same call, the last one writes in place. The refcount drops
-    of those copies are simulated and undone before returning.
+    of those copies are simulated (``dropped`` records them) and undone before returning.
     """
     needed = 0
-    dropped = np.full(slots.shape[0], -1, dtype=np.int64)
     for i in range(slots.shape[0]):
         slot = slots[i]
+        dropped[i] = -1
         needed += blocks_needed(slot, counts[i], ref, block_size, seq_table, seq_len)
         length = seq_len[slot]
         if counts[i] > 0 and length % block_size != 0:
@@ -231,101 +229,42 @@ def total_need(slots, counts, ref, block_size, seq_table, seq_len):
     return needed
 
 
-@njit(cache=True)
-def can_append_batch(
-    ids, counts, ref, block_size, seq_table, seq_len, seq_gen, seq_live, meta, scr, seq_mark
+@njit(cache=True, _nrt=False)
+def append_fits(slots, counts, dropped, arena, scratch):
+    """Whether an atomic append of the validated ``slots`` would succeed now."""
+    (ref, _, _, _, _, _, _, tokens, _, seq_table, seq_len, _, _, _, _, meta, _, _, _, _, _, _,
+     _) = unpack(arena, scratch)  # fmt: skip
+    need = total_need(slots, counts, dropped, ref, tokens.shape[1], seq_table, seq_len)
+    return need <= meta[M_FREE_TOP] + meta[M_CACHED]
+
+
+@njit(cache=True, _nrt=False)
+def run_append(
+    slots, counts, tokens_in, has_tokens, atomic, slot_mapping, cow_src, cow_dst, ok, arena, scratch
 ):
-    """Whether an atomic append would succeed now; returns (status, bad index, fits)."""
-    dummy = np.empty(0, dtype=np.int64)
-    status, bad, slots, _ = validate_growth(
-        ids, counts, dummy, False, seq_len, seq_gen, seq_live, seq_mark, meta, scr
-    )
-    if status != ST_OK:
-        return status, bad, False
-    need = total_need(slots, counts, ref, block_size, seq_table, seq_len)
-    return ST_OK, -1, need <= meta[M_FREE_TOP] + meta[M_CACHED]
+    """Append to the validated ``slots``; returns (status, needed, available, COW pairs).
 
-
-@njit(cache=True)
-def append_batch(
-    ids,
-    counts,
-    tokens_in,
-    has_tokens,
-    atomic,
-    ref,
-    lru_prev,
-    lru_next,
-    block_hash,
-    block_salt,
-    block_flags,
-    tokens,
-    free_stack,
-    htab,
-    seq_table,
-    seq_len,
-    seq_gen,
-    seq_salt,
-    seq_live,
-    meta,
-    ulog,
-    scr,
-    ev_ids,
-    ev_hash,
-    ev_tok,
-    seq_mark,
-):
-    """Batched append.
-
-    Returns
-    -------
-    tuple
-        ``(status, bad index, needed, available, slot_mapping, cow_src, cow_dst, ok)``.
+    ``slot_mapping`` arrives filled with -1; ``cow_src`` doubles as the record of simulated
+    refcount drops before it receives the copy pairs.
     """
-    n = ids.shape[0]
+    (ref, lru_prev, lru_next, free_stack, block_hash, block_salt, block_flags, tokens, htab,
+     seq_table, seq_len, _, seq_salt, _, _, meta, ulog, ev_ids, ev_hash, ev_tok, _, scr,
+     _) = unpack(arena, scratch)  # fmt: skip
     block_size = tokens.shape[1]
-    ok = np.zeros(n, dtype=np.bool_)
-    no_cow = np.empty(0, dtype=np.int32)
-    status, bad, slots, total = validate_growth(
-        ids, counts, tokens_in, has_tokens, seq_len, seq_gen, seq_live, seq_mark, meta, scr
-    )
-    if status != ST_OK:
-        return status, bad, 0, 0, np.empty(0, dtype=np.int64), no_cow, no_cow, ok
     available = meta[M_FREE_TOP] + meta[M_CACHED]
-    needed = total_need(slots, counts, ref, block_size, seq_table, seq_len)
+    needed = total_need(slots, counts, cow_src, ref, block_size, seq_table, seq_len)
     if atomic and needed > available:
-        return (
-            ST_POOL_EXHAUSTED,
-            -1,
-            needed,
-            available,
-            np.empty(0, dtype=np.int64),
-            no_cow,
-            no_cow,
-            ok,
-        )
+        return ST_POOL_EXHAUSTED, needed, available, 0
     # Evictions happen only once the free stack is empty; the facade grows the record buffers.
     evictions = min(needed, available) - meta[M_FREE_TOP]
     if evictions > ev_ids.shape[0] or (scr[S_EV_PAYLOAD] != 0 and evictions > ev_tok.shape[0]):
-        return (
-            ST_NEED_BUFFERS,
-            -1,
-            evictions,
-            available,
-            np.empty(0, dtype=np.int64),
-            no_cow,
-            no_cow,
-            ok,
-        )
-    slot_mapping = np.full(total, -1, dtype=np.int64)
-    cow_src = np.empty(n, dtype=np.int32)
-    cow_dst = np.empty(n, dtype=np.int32)
+        return ST_NEED_BUFFERS, evictions, available, 0
     num_cow = 0
     scr[S_EV_N] = 0
     scr[S_FAILED] = 0
     remaining = available
     offset = 0
-    for i in range(n):
+    for i in range(slots.shape[0]):
         # Each sequence's need is exact when taken just before it is served.
         need = blocks_needed(slots[i], counts[i], ref, block_size, seq_table, seq_len)
         if need <= remaining:
@@ -365,4 +304,4 @@ def append_batch(
             scr[S_FAILED] += 1
         offset += counts[i]
     table_purge_evicted(htab, block_hash, ev_hash, scr[S_EV_N])
-    return ST_OK, -1, needed, available, slot_mapping, cow_src[:num_cow], cow_dst[:num_cow], ok
+    return ST_OK, needed, available, num_cow

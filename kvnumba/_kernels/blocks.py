@@ -27,7 +27,7 @@ from kvnumba._state import (
 )
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def take_block(
     ref,
     lru_prev,
@@ -77,7 +77,7 @@ def take_block(
     return b
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def drop_ref(b, ref, lru_prev, lru_next, block_flags, tokens, free_stack, meta, ulog, scr):
     """Drop one reference; at zero a registered block is cached, any other block freed."""
     r = ref[b] - 1
@@ -96,7 +96,7 @@ def drop_ref(b, ref, lru_prev, lru_next, block_flags, tokens, free_stack, meta, 
             meta[M_FREE_TOP] = top + 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def register_full_block(
     b,
     parent_block,

@@ -1,457 +1,168 @@
-"""Entry points of the facade: one kernel per public call, each taking two arenas.
+"""Entry points of the facade: one kernel per public call, each taking the two arenas.
 
-Every entry kernel takes its call's inputs, then the state arena and the scratch arena of
-:mod:`kvnumba._state`, carves the named views out of them (:func:`unpack`, no copy, no
-allocation) and runs the implementation, which takes explicit arrays.
+An entry kernel allocates the call's result arrays (the only part that needs numba's runtime)
+and hands everything to workers compiled without it, which carve their views out of the arenas
+and run with every helper inlined: no reference counting anywhere on the hot path.
 """
 
 import numpy as np
 from numba import njit
 
-from kvnumba._kernels.admit import admit_batch
-from kvnumba._kernels.append import append_batch, can_append_batch
+from kvnumba._kernels.admit import run_admit, validate_admit
+from kvnumba._kernels.append import append_fits, run_append, validate_growth
 from kvnumba._kernels.check import check_state
 from kvnumba._kernels.sequences import (
-    block_tables_batch,
-    fork_batch,
-    new_sequences_batch,
-    release_batch,
-    seq_lens_batch,
+    fill_lens,
+    fill_tables,
+    resolve_ids,
+    run_fork,
+    run_new_sequences,
+    run_release,
+    table_width,
 )
-from kvnumba._state import HEADER_BYTES, HEADER_SLOTS
-
-
-@njit(cache=True, inline="always")
-def _field(arena, header, i):
-    """The bytes of field ``i`` of an arena."""
-    offset = header[HEADER_SLOTS * i]
-    return arena[offset : offset + header[HEADER_SLOTS * i + 1]]
-
-
-@njit(cache=True, inline="always")
-def _shape(header, i):
-    return header[HEADER_SLOTS * i + 2], header[HEADER_SLOTS * i + 3]
-
-
-# Inlined so that the views never travel through a returned tuple: that would cost an atomic
-# reference-count update per view per call.
-@njit(cache=True, inline="always")
-def unpack(arena, scratch):
-    """Named views of both arenas, in ``State`` then ``SCRATCH_FIELDS`` order."""
-    h = arena[:HEADER_BYTES].view(np.int64)
-    g = scratch[:HEADER_BYTES].view(np.int64)
-    return (
-        _field(arena, h, 0).view(np.int32),  # ref
-        _field(arena, h, 1).view(np.int32),  # lru_prev
-        _field(arena, h, 2).view(np.int32),  # lru_next
-        _field(arena, h, 3).view(np.int32),  # free_stack
-        _field(arena, h, 4).view(np.uint64),  # block_hash
-        _field(arena, h, 5).view(np.int64),  # block_salt
-        _field(arena, h, 6).view(np.uint8),  # block_flags
-        _field(arena, h, 7).view(np.int64).reshape(_shape(h, 7)),  # tokens
-        _field(arena, h, 8).view(np.int32),  # htab
-        _field(arena, h, 9).view(np.int32).reshape(_shape(h, 9)),  # seq_table
-        _field(arena, h, 10).view(np.int64),  # seq_len
-        _field(arena, h, 11).view(np.int64),  # seq_gen
-        _field(arena, h, 12).view(np.int64),  # seq_salt
-        _field(arena, h, 13).view(np.uint8),  # seq_live
-        _field(arena, h, 14).view(np.int32),  # slot_stack
-        _field(arena, h, 15).view(np.int64),  # meta
-        _field(scratch, g, 0).view(np.int64).reshape(_shape(g, 0)),  # ulog
-        _field(scratch, g, 1).view(np.int64),  # ev_ids
-        _field(scratch, g, 2).view(np.uint64),  # ev_hash
-        _field(scratch, g, 3).view(np.int64).reshape(_shape(g, 3)),  # ev_tok
-        _field(scratch, g, 4).view(np.int64),  # seq_mark
-        _field(scratch, g, 5).view(np.int64),  # scr
-        _field(scratch, g, 6).view(np.int64),  # meta_save
-    )
-
-
-@njit(cache=True)
-def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
-    """Entry kernel of ``admit_batch``."""
-    (
-        ref,
-        lru_prev,
-        lru_next,
-        free_stack,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        ev_ids,
-        ev_hash,
-        ev_tok,
-        seq_mark,
-        scr,
-        meta_save,
-    ) = unpack(arena, scratch)
-    return admit_batch(
-        tokens_in,
-        lengths,
-        salts,
-        atomic,
-        ref,
-        lru_prev,
-        lru_next,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        free_stack,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        scr,
-        meta_save,
-        ev_ids,
-        ev_hash,
-        ev_tok,
-    )
-
-
-@njit(cache=True)
-def k_can_append(ids, counts, arena, scratch):
-    """Entry kernel of ``can_append_batch``."""
-    (
-        ref,
-        lru_prev,
-        lru_next,
-        free_stack,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        ev_ids,
-        ev_hash,
-        ev_tok,
-        seq_mark,
-        scr,
-        meta_save,
-    ) = unpack(arena, scratch)
-    block_size = tokens.shape[1]
-    return can_append_batch(
-        ids, counts, ref, block_size, seq_table, seq_len, seq_gen, seq_live, meta, scr, seq_mark
-    )
-
-
-@njit(cache=True)
-def k_append(ids, counts, tokens_in, has_tokens, atomic, arena, scratch):
-    """Entry kernel of ``append_batch``."""
-    (
-        ref,
-        lru_prev,
-        lru_next,
-        free_stack,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        ev_ids,
-        ev_hash,
-        ev_tok,
-        seq_mark,
-        scr,
-        meta_save,
-    ) = unpack(arena, scratch)
-    return append_batch(
-        ids,
-        counts,
-        tokens_in,
-        has_tokens,
-        atomic,
-        ref,
-        lru_prev,
-        lru_next,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        free_stack,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        meta,
-        ulog,
-        scr,
-        ev_ids,
-        ev_hash,
-        ev_tok,
-        seq_mark,
-    )
-
-
-@njit(cache=True)
-def k_check(arena, scratch):
-    """Entry kernel of ``check_state``."""
-    (
-        ref,
-        lru_prev,
-        lru_next,
-        free_stack,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        ev_ids,
-        ev_hash,
-        ev_tok,
-        seq_mark,
-        scr,
-        meta_save,
-    ) = unpack(arena, scratch)
-    return check_state(
-        ref,
-        lru_prev,
-        lru_next,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        free_stack,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-    )
+from kvnumba._kernels.views import unpack
+from kvnumba.errors import ST_OK
 
 
 @njit(cache=True)
 def k_new_sequences(count, arena, scratch):
-    """Entry kernel of ``new_sequences_batch``."""
-    (
-        ref,
-        lru_prev,
-        lru_next,
-        free_stack,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        ev_ids,
-        ev_hash,
-        ev_tok,
-        seq_mark,
-        scr,
-        meta_save,
-    ) = unpack(arena, scratch)
-    return new_sequences_batch(
-        count, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, scr
-    )
+    """``new_sequences``: returns (status, ids)."""
+    ids = np.empty(count, dtype=np.int64)
+    return run_new_sequences(ids, arena, scratch), ids
 
 
 @njit(cache=True)
-def k_release(ids, arena, scratch):
-    """Entry kernel of ``release_batch``."""
-    (
-        ref,
-        lru_prev,
-        lru_next,
-        free_stack,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        ev_ids,
-        ev_hash,
-        ev_tok,
-        seq_mark,
-        scr,
-        meta_save,
-    ) = unpack(arena, scratch)
-    return release_batch(
-        ids,
-        ref,
-        lru_prev,
-        lru_next,
-        block_flags,
-        tokens,
-        free_stack,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        scr,
-        seq_mark,
+def k_append(ids, counts, tokens_in, has_tokens, atomic, arena, scratch):
+    """``append``: returns (status, bad, needed, available, slot_mapping, cow_src, cow_dst, ok)."""
+    n = ids.shape[0]
+    slots = np.empty(n, dtype=np.int64)
+    ok = np.zeros(n, dtype=np.bool_)
+    cow_src = np.empty(n, dtype=np.int32)
+    cow_dst = np.empty(n, dtype=np.int32)
+    status, bad, total = validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch)
+    if status != ST_OK:
+        return status, bad, 0, 0, np.empty(0, dtype=np.int64), cow_src[:0], cow_dst[:0], ok
+    slot_mapping = np.full(total, -1, dtype=np.int64)
+    status, needed, available, num_cow = run_append(
+        slots,
+        counts,
+        tokens_in,
+        has_tokens,
+        atomic,
+        slot_mapping,
+        cow_src,
+        cow_dst,
+        ok,
+        arena,
+        scratch,
     )
+    return status, -1, needed, available, slot_mapping, cow_src[:num_cow], cow_dst[:num_cow], ok
+
+
+@njit(cache=True)
+def k_can_append(ids, counts, arena, scratch):
+    """``can_append``: returns (status, bad, fits)."""
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    no_tokens = np.empty(0, dtype=np.int64)
+    status, bad, _ = validate_growth(ids, counts, no_tokens, False, slots, arena, scratch)
+    if status != ST_OK:
+        return status, bad, False
+    dropped = np.empty(ids.shape[0], dtype=np.int32)
+    return ST_OK, -1, append_fits(slots, counts, dropped, arena, scratch)
+
+
+@njit(cache=True)
+def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
+    """``admit``: returns (status, bad, needed, available, ids, num_cached_tokens, slots, ok)."""
+    num_prompts = lengths.shape[0]
+    ids = np.full(num_prompts, -1, dtype=np.int64)
+    num_cached_tokens = np.zeros(num_prompts, dtype=np.int64)
+    ok = np.zeros(num_prompts, dtype=np.bool_)
+    status, bad, total, bound, longest = validate_admit(tokens_in, lengths, salts, arena, scratch)
+    if status != ST_OK:
+        return status, bad, 0, 0, ids, num_cached_tokens, np.empty(0, dtype=np.int64), ok
+    slot_mapping = np.full(total, -1, dtype=np.int64)
+    hits = np.empty(longest, dtype=np.int64)
+    status, bad, needed, available, used = run_admit(
+        tokens_in,
+        lengths,
+        salts,
+        atomic,
+        bound,
+        ids,
+        num_cached_tokens,
+        slot_mapping,
+        ok,
+        hits,
+        arena,
+        scratch,
+    )
+    return status, bad, needed, available, ids, num_cached_tokens, slot_mapping[:used], ok
 
 
 @njit(cache=True)
 def k_fork(ids, n, arena, scratch):
-    """Entry kernel of ``fork_batch``."""
-    (
-        ref,
-        lru_prev,
-        lru_next,
-        free_stack,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        ev_ids,
-        ev_hash,
-        ev_tok,
-        seq_mark,
-        scr,
-        meta_save,
-    ) = unpack(arena, scratch)
-    block_size = tokens.shape[1]
-    return fork_batch(
-        ids,
-        n,
-        ref,
-        block_size,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        scr,
-        seq_mark,
-    )
+    """``fork``: returns (status, bad, children)."""
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    children = np.empty((ids.shape[0], n), dtype=np.int64)
+    status, bad = resolve_ids(ids, False, slots, arena, scratch)
+    if status != ST_OK:
+        return status, bad, children
+    return run_fork(slots, children, arena, scratch), -1, children
+
+
+@njit(cache=True)
+def k_release(ids, arena, scratch):
+    """``release``: returns (status, bad)."""
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    status, bad = resolve_ids(ids, True, slots, arena, scratch)
+    if status == ST_OK:
+        run_release(slots, arena, scratch)
+    return status, bad
 
 
 @njit(cache=True)
 def k_block_tables(ids, arena, scratch):
-    """Entry kernel of ``block_tables_batch``."""
-    (
-        ref,
-        lru_prev,
-        lru_next,
-        free_stack,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        ev_ids,
-        ev_hash,
-        ev_tok,
-        seq_mark,
-        scr,
-        meta_save,
-    ) = unpack(arena, scratch)
-    block_size = tokens.shape[1]
-    return block_tables_batch(ids, block_size, seq_table, seq_len, seq_gen, seq_live, seq_mark, scr)
+    """``block_tables``: returns (status, bad, int32 tables padded with -1)."""
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    status, bad = resolve_ids(ids, False, slots, arena, scratch)
+    if status != ST_OK:
+        return status, bad, np.empty((0, 0), dtype=np.int32)
+    out = np.full((ids.shape[0], table_width(slots, arena, scratch)), -1, dtype=np.int32)
+    fill_tables(slots, out, arena, scratch)
+    return ST_OK, -1, out
 
 
 @njit(cache=True)
 def k_seq_lens(ids, arena, scratch):
-    """Entry kernel of ``seq_lens_batch``."""
-    (
-        ref,
-        lru_prev,
-        lru_next,
-        free_stack,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        slot_stack,
-        meta,
-        ulog,
-        ev_ids,
-        ev_hash,
-        ev_tok,
-        seq_mark,
-        scr,
-        meta_save,
-    ) = unpack(arena, scratch)
-    return seq_lens_batch(ids, seq_len, seq_gen, seq_live, seq_mark, scr)
+    """``seq_lens``: returns (status, bad, int64 lengths)."""
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    out = np.empty(ids.shape[0], dtype=np.int64)
+    status, bad = resolve_ids(ids, False, slots, arena, scratch)
+    if status == ST_OK:
+        fill_lens(slots, out, arena, scratch)
+    return status, bad, out
+
+
+@njit(cache=True)
+def k_check(arena, scratch):
+    """``check``: returns (0, 0, 0) or the first violation as (code, a, b)."""
+    views = unpack(arena, scratch)
+    return check_state(
+        views[0],
+        views[1],
+        views[2],
+        views[4],
+        views[5],
+        views[6],
+        views[7],
+        views[3],
+        views[8],
+        views[9],
+        views[10],
+        views[11],
+        views[12],
+        views[13],
+        views[14],
+        views[15],
+    )

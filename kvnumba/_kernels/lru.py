@@ -11,7 +11,7 @@ from kvnumba._kernels.undo import U_NEXT, U_PREV, log_write
 from kvnumba._state import M_CACHED, M_LRU_HEAD, M_LRU_TAIL, NIL
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def lru_unlink(b, lru_prev, lru_next, meta, ulog, scr):
     """Remove cached block ``b`` from the list (O(1))."""
     p = lru_prev[b]
@@ -29,7 +29,7 @@ def lru_unlink(b, lru_prev, lru_next, meta, ulog, scr):
     meta[M_CACHED] -= 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def lru_push_tail(b, lru_prev, lru_next, meta, ulog, scr):
     """Append block ``b`` as the most recently released cached block (O(1))."""
     t = meta[M_LRU_TAIL]

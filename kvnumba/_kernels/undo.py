@@ -30,7 +30,7 @@ LOG_PER_BLOCK = 12
 LOG_PER_SEQUENCE = 8
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def log_write(ulog, scr, code, index, old):
     """Append one entry to the undo log if the current call is logged."""
     if scr[S_LOG_ON] != 0:
@@ -41,7 +41,7 @@ def log_write(ulog, scr, code, index, old):
         scr[S_LOG_N] = n + 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def rollback(
     ref,
     lru_prev,
