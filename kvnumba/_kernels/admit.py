@@ -123,7 +123,8 @@ def run_admit(
 ):
     """Admit validated prompts; returns (status, failing prompt, needed, available, slots used).
 
-    ``ids`` arrives filled with -1, ``num_cached_tokens`` with 0, ``slot_mapping`` with -1;
+    ``ids`` arrives filled with -1 and ``num_cached_tokens`` with 0; every entry of
+    ``slot_mapping`` up to the returned count is written;
     ``hits`` has room for one sequence's blocks.
     """
     (ref, lru_prev, lru_next, free_stack, block_hash, block_salt, block_flags, tokens, htab,
@@ -170,6 +171,8 @@ def run_admit(
         if need > meta[M_FREE_TOP] + meta[M_CACHED] - cached_hits:
             if not atomic:
                 scr[S_FAILED] += 1
+                for j in range(length):
+                    slot_mapping[out + j] = -1
                 out += length
                 start += length
                 continue

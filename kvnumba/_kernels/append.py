@@ -244,7 +244,7 @@ def run_append(
 ):
     """Append to the validated ``slots``; returns (status, needed, available, COW pairs).
 
-    ``slot_mapping`` arrives filled with -1; ``cow_src`` doubles as the record of simulated
+    Every entry of ``slot_mapping`` is written (-1 for a sequence that did not fit); ``cow_src`` doubles as the record of simulated
     refcount drops before it receives the copy pairs.
     """
     (ref, lru_prev, lru_next, free_stack, block_hash, block_salt, block_flags, tokens, htab,
@@ -302,6 +302,8 @@ def run_append(
             ok[i] = True
         else:
             scr[S_FAILED] += 1
+            for j in range(counts[i]):
+                slot_mapping[offset + j] = -1
         offset += counts[i]
     table_purge_evicted(htab, block_hash, ev_hash, scr[S_EV_N])
     return ST_OK, needed, available, num_cow

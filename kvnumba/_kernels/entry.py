@@ -42,7 +42,7 @@ def k_append(ids, counts, tokens_in, has_tokens, atomic, arena, scratch):
     status, bad, total = validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch)
     if status != ST_OK:
         return status, bad, 0, 0, np.empty(0, dtype=np.int64), cow_src[:0], cow_dst[:0], ok
-    slot_mapping = np.full(total, -1, dtype=np.int64)
+    slot_mapping = np.empty(total, dtype=np.int64)
     status, needed, available, num_cow = run_append(
         slots,
         counts,
@@ -81,7 +81,7 @@ def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
     status, bad, total, bound, longest = validate_admit(tokens_in, lengths, salts, arena, scratch)
     if status != ST_OK:
         return status, bad, 0, 0, ids, num_cached_tokens, np.empty(0, dtype=np.int64), ok
-    slot_mapping = np.full(total, -1, dtype=np.int64)
+    slot_mapping = np.empty(total, dtype=np.int64)
     hits = np.empty(longest, dtype=np.int64)
     status, bad, needed, available, used = run_admit(
         tokens_in,
