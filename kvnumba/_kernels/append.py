@@ -144,8 +144,13 @@ def append_tokens(
             )
             log_write(ulog, scr, U_SEQTAB, slot * width + pos, seq_table[slot, pos])
             seq_table[slot, pos] = b
+            if not has_tokens:
+                block_flags[b] = 0  # take_block logged the flags it replaced
         else:
             b = seq_table[slot, pos]
+            if not has_tokens and block_flags[b] & F_KNOWN:
+                log_write(ulog, scr, U_FLAGS, b, block_flags[b])
+                block_flags[b] = block_flags[b] & ~F_KNOWN
         n = min(count - done, block_size - offset)
         first_slot = b * block_size + offset
         for j in range(n):
@@ -153,9 +158,6 @@ def append_tokens(
         if has_tokens:
             for j in range(n):
                 tokens[b, offset + j] = src[src_offset + done + j]
-        elif block_flags[b] & F_KNOWN:
-            log_write(ulog, scr, U_FLAGS, b, block_flags[b])
-            block_flags[b] = block_flags[b] & ~F_KNOWN
         done += n
         if offset + n == block_size:
             parent = seq_table[slot, pos - 1] if pos > 0 else -1
@@ -265,8 +267,11 @@ def run_append(
     remaining = available
     offset = 0
     for i in range(slots.shape[0]):
-        # Each sequence's need is exact when taken just before it is served.
-        need = blocks_needed(slots[i], counts[i], ref, block_size, seq_table, seq_len)
+        # An atomic call already knows that everything fits; otherwise each sequence's need is
+        # exact when taken just before it is served.
+        need = (
+            0 if atomic else blocks_needed(slots[i], counts[i], ref, block_size, seq_table, seq_len)
+        )
         if need <= remaining:
             num_cow = append_tokens(
                 slots[i],

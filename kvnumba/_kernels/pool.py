@@ -94,13 +94,22 @@ def init_arena(arena: np.ndarray, num_pages: int) -> None:
     head[H_NEXT_CLIENT] = 1
     head[H_FREE_OFFSET] = free_offset
     head[H_OWNER_OFFSET] = owner_offset
-    head_, free, owner = pool_views(arena)
+    _, free, owner = views_of(arena)
     free[:] = np.arange(num_pages - 1, -1, -1)  # reversed: page 0 is popped first
     owner[:, O_CLIENT] = NO_CLIENT
     owner[:, O_PID] = 0
     owner[:, O_START] = 0
     owner[:, O_VIRTUAL] = -1
     head[H_MAGIC] = POOL_MAGIC
+
+
+def views_of(arena: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(head, free, owner)`` numpy views for Python code (the kernels use :func:`pool_views`)."""
+    head = arena[:HEAD_BYTES].view(np.int64)
+    n, fo, oo = int(head[H_NUM_PAGES]), int(head[H_FREE_OFFSET]), int(head[H_OWNER_OFFSET])
+    free = arena[fo : fo + 8 * n].view(np.int64)
+    owner = arena[oo : oo + 8 * OWNER_COLS * n].view(np.int64).reshape(n, OWNER_COLS)
+    return head, free, owner
 
 
 @njit(cache=True, _nrt=False, inline="always")
