@@ -20,7 +20,8 @@ import operator
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -119,14 +120,68 @@ def _open_shm(name: str, create: bool, size: int = 0):
 
     if create:
         return shared_memory.SharedMemory(name=name, create=True, size=size)
-    if sys.version_info >= (3, 13):
-        return shared_memory.SharedMemory(name=name, track=False)
-    register = resource_tracker.register
-    resource_tracker.register = lambda *args, **kwargs: None
-    try:
-        return shared_memory.SharedMemory(name=name)
-    finally:
-        resource_tracker.register = register
+    for attempt in range(100):
+        try:
+            if sys.version_info >= (3, 13):
+                return shared_memory.SharedMemory(name=name, track=False)
+            register = resource_tracker.register
+            resource_tracker.register = lambda *args, **kwargs: None
+            try:
+                return shared_memory.SharedMemory(name=name)
+            finally:
+                resource_tracker.register = register
+        except ValueError:
+            # Opened between the creator's shm_open and its ftruncate, the segment is empty for
+            # a moment: give the creator a little time.
+            if attempt == 99:
+                raise
+            time.sleep(0.01)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _FileLock:
+    """The ``flock`` lock of one shared pool in this process: re-entrant, one per lock file.
+
+    Every ``PagePool`` object of the same segment in a process shares it: two objects with their
+    own descriptors would block each other (flock locks belong to the open file description),
+    so holding one pool object's lock while calling another would deadlock. A forked child
+    inherits the parent's descriptor and with it the open file description, which would make
+    the parent's lock the child's too: the child opens its own.
+    """
+
+    _registry: dict[str, _FileLock] = {}
+
+    def __init__(self, path: str):
+        self.path = path
+        self.pid = os.getpid()
+        self.file = open(path, "a+b")  # noqa: SIM115 - kept open for the life of the process
+        self.depth = 0
+
+    @classmethod
+    def of(cls, name: str) -> _FileLock:
+        path = _lock_path(name)
+        lock = cls._registry.get(path)
+        if lock is None or lock.pid != os.getpid():
+            lock = cls._registry[path] = cls(path)
+        return lock
+
+    def __enter__(self) -> None:
+        if self.depth == 0:
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_EX)
+        self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_UN)
+
+    @classmethod
+    def forget(cls, name: str) -> None:
+        """Close the descriptor of a lock file that is being removed (if not held)."""
+        lock = cls._registry.get(_lock_path(name))
+        if lock is not None and lock.pid == os.getpid() and lock.depth == 0:
+            del cls._registry[lock.path]
+            lock.file.close()
 
 
 class PagePool:
@@ -176,7 +231,6 @@ class PagePool:
         arena = raw[start : start + size]
         K.init_arena(arena, num_pages)
         self._name = None
-        self._init_lock()
         self._setup(arena, None, None, on_map, on_unmap)
 
     # --- construction ---------------------------------------------------------------------------
@@ -187,11 +241,6 @@ class PagePool:
         if num_pages >= 2**31 - 1:
             raise InvalidGeometry("num_pages must be below 2**31 - 1")
         return num_pages
-
-    def _init_lock(self) -> None:
-        self._lock_file = None  # opened on first use, per process
-        self._lock_pid = 0
-        self._lock_depth = 0
 
     def _setup(self, arena, shm, name, on_map, on_unmap) -> None:
         self._arena = arena
@@ -240,7 +289,6 @@ class PagePool:
         _, _, size = K.arena_layout(num_pages)
         self = cls.__new__(cls)
         self._name = name
-        self._init_lock()
         # The creator holds the lock while it initialises, so an attacher that opens the segment
         # early waits for the magic to be written.
         with self._locked_file():
@@ -281,9 +329,10 @@ class PagePool:
             raise OSError("a shared PagePool needs fcntl (POSIX)")
         self = cls.__new__(cls)
         self._name = name
-        self._init_lock()
+        # Open the segment first (so a missing pool creates no lock file), then wait for the
+        # lock: a creator still initialising holds it until the magic is written.
+        shm = _open_shm(name, create=False)
         with self._locked_file():
-            shm = _open_shm(name, create=False)
             head = np.ndarray((K.HEAD_SIZE,), dtype=np.int64, buffer=shm.buf)
             magic = int(head[K.H_MAGIC])
             num_pages = int(head[K.H_NUM_PAGES])
@@ -305,24 +354,8 @@ class PagePool:
 
     # --- locking --------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _locked_file(self) -> Iterator[None]:
-        # A forked child inherits the parent's descriptor, and flock locks belong to the open
-        # file description, which parent and child would then share: the child must open its own.
-        pid = os.getpid()
-        if self._lock_file is None or self._lock_pid != pid:
-            self._lock_file = open(_lock_path(self._name), "a+b")  # noqa: SIM115 - kept open
-            self._lock_pid = pid
-            self._lock_depth = 0
-        if self._lock_depth == 0:
-            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX)
-        self._lock_depth += 1
-        try:
-            yield
-        finally:
-            self._lock_depth -= 1
-            if self._lock_depth == 0:
-                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+    def _locked_file(self) -> _FileLock:
+        return _FileLock.of(self._name)
 
     def lock(self) -> contextlib.AbstractContextManager:
         """Hold the pool's cross-process lock (re-entrant within a process; no-op if private).
@@ -694,9 +727,6 @@ class PagePool:
         self._arena = self._head = self._free = self._owner = None
         if self._shm is not None:
             self._shm.close()
-        if self._lock_file is not None:
-            self._lock_file.close()
-            self._lock_file = None
 
     def unlink(self) -> None:
         """Remove the shared segment and its lock file (once, when no process needs them).
@@ -710,6 +740,7 @@ class PagePool:
             self._shm.unlink()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(_lock_path(self._name))
+        _FileLock.forget(self._name)
 
     def __enter__(self) -> PagePool:
         return self

@@ -114,7 +114,11 @@ def views_of(arena: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @njit(cache=True, _nrt=False, inline="always")
 def pool_views(arena):
-    """``(head, free, owner)`` views of a pool arena (a few pointer computations, no copies)."""
+    """``(head, free, owner)`` views of a pool arena, for kernels (no copies, no NRT).
+
+    Returning these views to Python from this NRT-free function does not work: Python code uses
+    :func:`views_of`.
+    """
     head = arena[:HEAD_BYTES].view(np.int64)
     n = head[H_NUM_PAGES]
     fo = head[H_FREE_OFFSET]
