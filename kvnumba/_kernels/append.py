@@ -16,6 +16,7 @@ from kvnumba._state import (
     S_EV_N,
     S_EV_PAYLOAD,
     S_FAILED,
+    S_LOG_ON,
     S_STAMP,
 )
 from kvnumba.errors import (
@@ -120,6 +121,7 @@ def append_tokens(
             num_cow += 1
             meta[M_COW_COPIES] += 1
     # Fill block by block: one take per new block, then a tight loop over its new slots.
+    logging = scr[S_LOG_ON] != 0
     done = 0
     while done < count:
         p = length + done
@@ -142,7 +144,8 @@ def append_tokens(
                 ev_hash,
                 ev_tok,
             )
-            log_write(ulog, scr, U_SEQTAB, slot * width + pos, seq_table[slot, pos])
+            if logging:
+                log_write(ulog, scr, U_SEQTAB, slot * width + pos, seq_table[slot, pos])
             seq_table[slot, pos] = b
             if not has_tokens:
                 block_flags[b] = 0  # take_block logged the flags it replaced
@@ -159,7 +162,8 @@ def append_tokens(
             for j in range(n):
                 tokens[b, offset + j] = src[src_offset + done + j]
         done += n
-        if offset + n == block_size:
+        # A block completed without token ids has unknown content: never hashed.
+        if has_tokens and offset + n == block_size:
             parent = seq_table[slot, pos - 1] if pos > 0 else -1
             register_full_block(
                 b, parent, salt, block_hash, block_salt, block_flags, tokens, htab, meta, ulog, scr

@@ -24,6 +24,7 @@ from kvnumba._state import (
     M_USED,
     S_EV_N,
     S_EV_PAYLOAD,
+    S_LOG_ON,
 )
 
 
@@ -50,10 +51,13 @@ def take_block(
     returned block's payload reads -1.
     """
     top = meta[M_FREE_TOP]
+    # One test of the log switch instead of one per field: this runs once per block handed out.
+    logging = scr[S_LOG_ON] != 0
     if top > 0:
         b = free_stack[top - 1]
         meta[M_FREE_TOP] = top - 1
-        log_write(ulog, scr, U_TOKROW, b, -1)
+        if logging:
+            log_write(ulog, scr, U_TOKROW, b, -1)
     else:
         b = meta[M_LRU_HEAD]
         lru_unlink(b, lru_prev, lru_next, meta, ulog, scr)
@@ -68,9 +72,10 @@ def take_block(
         table_mark_evicted(htab, meta, b, block_hash[b], record, ulog, scr)
         tokens[b, :] = -1
         meta[M_EVICTIONS] += 1
-    log_write(ulog, scr, U_REF, b, ref[b])
+    if logging:
+        log_write(ulog, scr, U_REF, b, ref[b])
+        log_write(ulog, scr, U_FLAGS, b, block_flags[b])
     ref[b] = 1
-    log_write(ulog, scr, U_FLAGS, b, block_flags[b])
     block_flags[b] = F_KNOWN
     meta[M_USED] += 1
     meta[M_ALLOCATIONS] += 1
