@@ -9,10 +9,12 @@ from kvnumba._kernels.undo import U_FLAGS, U_REF, U_SEQLEN, U_SEQTAB, log_write
 from kvnumba._kernels.views import unpack
 from kvnumba._state import (
     F_KNOWN,
+    M_ALLOCATIONS,
     M_CACHED,
     M_COW_COPIES,
     M_FREE_TOP,
     M_MAX_SEQ_LEN,
+    M_USED,
     S_EV_N,
     S_EV_PAYLOAD,
     S_FAILED,
@@ -127,6 +129,26 @@ def append_tokens(
         p = length + done
         pos = p // block_size
         offset = p - pos * block_size
+        if offset == 0 and not logging and not has_tokens:
+            # Bulk path for a prefill without ids (W-micro, recompute): whole fresh blocks
+            # straight off the free stack, counters updated once. Same outcome as the loop below.
+            whole = min((count - done) // block_size, meta[M_FREE_TOP])
+            if whole > 0:
+                top = meta[M_FREE_TOP]
+                for q in range(whole):
+                    b = free_stack[top - 1 - q]
+                    ref[b] = 1
+                    block_flags[b] = 0
+                    seq_table[slot, pos + q] = b
+                    first_slot = b * block_size
+                    base = out_offset + done + q * block_size
+                    for j in range(block_size):
+                        slot_mapping[base + j] = first_slot + j
+                meta[M_FREE_TOP] = top - whole
+                meta[M_USED] += whole
+                meta[M_ALLOCATIONS] += whole
+                done += whole * block_size
+                continue
         if offset == 0:
             b = take_block(
                 ref,
