@@ -13,19 +13,9 @@ from collections.abc import Callable
 import numpy as np
 
 from kvnumba import errors as E
+from kvnumba._dispatch import compiled
 from kvnumba._inputs import index_array, positive_int
 from kvnumba._kernels.check import MESSAGES
-from kvnumba._kernels.entry import (
-    k_admit,
-    k_append,
-    k_block_tables,
-    k_can_append,
-    k_check,
-    k_fork,
-    k_new_sequences,
-    k_release,
-    k_seq_lens,
-)
 from kvnumba._kernels.sequences import SLOT_BITS, SLOT_MASK
 from kvnumba._kernels.undo import LOG_PER_BLOCK, LOG_PER_SEQUENCE
 from kvnumba._state import (
@@ -47,6 +37,18 @@ from kvnumba._state import (
 from kvnumba.results import AdmitResult, AppendResult, Stats
 
 _NO_TOKENS = np.empty(0, dtype=np.int64)
+_KERNELS: dict = {}
+
+
+def _kernels() -> dict:
+    """The compiled entry kernels, loaded once per process (from numba's cache when warm)."""
+    if not _KERNELS:
+        from kvnumba._dispatch import SIGNATURES
+
+        _KERNELS.update((name, compiled(name)) for name in SIGNATURES)
+    return _KERNELS
+
+
 DEFAULT_MAX_SEQS = 1024
 DEFAULT_MAX_SEQ_LEN = 32768
 
@@ -134,6 +136,16 @@ class BlockManager:
             views.append(view)
         self._views = State(*views)
         self._failed_calls = 0
+        kernels = _kernels()
+        self._k_new_sequences = kernels["k_new_sequences"]
+        self._k_append = kernels["k_append"]
+        self._k_can_append = kernels["k_can_append"]
+        self._k_admit = kernels["k_admit"]
+        self._k_fork = kernels["k_fork"]
+        self._k_release = kernels["k_release"]
+        self._k_block_tables = kernels["k_block_tables"]
+        self._k_seq_lens = kernels["k_seq_lens"]
+        self._k_check = kernels["k_check"]
 
     def _new_scratch(self, rows: int, log_rows: int, payload: bool = False) -> None:
         """(Re)allocate the scratch arena, keeping its control slots and duplicate marks."""
@@ -219,7 +231,7 @@ class BlockManager:
         count = operator.index(count)
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        status, ids = k_new_sequences(count, *self._args)
+        status, ids = self._k_new_sequences(count, *self._args)
         if status:
             self._raise(status, -1, None, requested=count)
         return ids
@@ -262,7 +274,7 @@ class BlockManager:
         else:
             tokens_in, has_tokens = index_array(tokens, "tokens"), True
         while True:
-            result = k_append(ids, counts, tokens_in, has_tokens, atomic, *self._args)
+            result = self._k_append(ids, counts, tokens_in, has_tokens, bool(atomic), *self._args)
             status = result[0]
             if status != E.ST_NEED_BUFFERS:
                 break
@@ -312,7 +324,7 @@ class BlockManager:
                     f"salts has {salts.shape[0]} entries for {lengths.shape[0]} prompts"
                 )
         while True:
-            result = k_admit(tokens_in, lengths, salts, atomic, *self._args)
+            result = self._k_admit(tokens_in, lengths, salts, bool(atomic), *self._args)
             status = result[0]
             if status != E.ST_NEED_BUFFERS:
                 break
@@ -351,7 +363,7 @@ class BlockManager:
         n = operator.index(n)
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        status, bad, children = k_fork(ids, n, *self._args)
+        status, bad, children = self._k_fork(ids, n, *self._args)
         if status:
             self._raise(status, bad, ids, requested=ids.shape[0] * n)
         return children
@@ -363,14 +375,14 @@ class BlockManager:
         every other block returns to the free list. The ids become invalid forever.
         """
         ids = index_array(ids, "ids")
-        status, bad = k_release(ids, *self._args)
+        status, bad = self._k_release(ids, *self._args)
         if status:
             self._raise(status, bad, ids)
 
     def block_tables(self, ids) -> np.ndarray:
         """Block tables of ``ids`` as int32 ``(len(ids), width)``, padded with -1."""
         ids = index_array(ids, "ids")
-        status, bad, tables = k_block_tables(ids, *self._args)
+        status, bad, tables = self._k_block_tables(ids, *self._args)
         if status:
             self._raise(status, bad, ids)
         return tables
@@ -378,7 +390,7 @@ class BlockManager:
     def seq_lens(self, ids) -> np.ndarray:
         """Tokens held by each sequence of ``ids`` (int64)."""
         ids = index_array(ids, "ids")
-        status, bad, lengths = k_seq_lens(ids, *self._args)
+        status, bad, lengths = self._k_seq_lens(ids, *self._args)
         if status:
             self._raise(status, bad, ids)
         return lengths
@@ -387,7 +399,7 @@ class BlockManager:
         """Whether ``append(ids, counts, atomic=True)`` would succeed now (input validated)."""
         ids = index_array(ids, "ids")
         counts = index_array(counts, "counts")
-        status, bad, fits = k_can_append(ids, counts, *self._args)
+        status, bad, fits = self._k_can_append(ids, counts, *self._args)
         if status:
             self._raise(status, bad, ids, counts=counts)
         return bool(fits)
@@ -416,7 +428,7 @@ class BlockManager:
         InvariantViolation
             Naming the first inconsistency found.
         """
-        code, a, b = k_check(*self._args)
+        code, a, b = self._k_check(*self._args)
         if code:
             raise E.InvariantViolation(MESSAGES[code].format(a=a, b=b))
 
