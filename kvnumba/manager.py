@@ -37,6 +37,9 @@ from kvnumba._state import (
 from kvnumba.results import AdmitResult, AppendResult, Stats
 
 _NO_TOKENS = np.empty(0, dtype=np.int64)
+# Building a NamedTuple from a tuple skips its keyword-argument __new__ (a third of the cost).
+_new_append_result = AppendResult._make
+_new_admit_result = AdmitResult._make
 _KERNELS: dict = {}
 
 
@@ -284,7 +287,7 @@ class BlockManager:
                 status, result[1], ids, counts=counts, needed=result[2], available=result[3]
             )
         self._after_call()
-        return AppendResult(result[4], result[5], result[6], result[7])
+        return _new_append_result((result[4], result[5], result[6], result[7]))
 
     def admit(self, tokens, lengths, *, salts=None, atomic: bool = True) -> AdmitResult:
         """Create one sequence per prompt, reusing the longest cached prefix of each.
@@ -340,7 +343,7 @@ class BlockManager:
                 available=result[3],
             )
         self._after_call()
-        return AdmitResult(result[4], result[5], result[6], result[7])
+        return _new_admit_result((result[4], result[5], result[6], result[7]))
 
     def fork(self, ids, n: int = 1) -> np.ndarray:
         """Give every sequence ``n`` children that share all of its blocks.

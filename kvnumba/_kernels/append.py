@@ -195,7 +195,7 @@ def append_tokens(
     return num_cow
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
     """Check an append request, writing each id's slot; returns (status, bad index, tokens).
 
@@ -268,25 +268,47 @@ def append_fits(slots, counts, dropped, arena, scratch):
 
 @njit(cache=True, _nrt=False)
 def run_append(
-    slots, counts, tokens_in, has_tokens, atomic, slot_mapping, cow_src, cow_dst, ok, arena, scratch
+    ids,
+    counts,
+    tokens_in,
+    has_tokens,
+    atomic,
+    slots,
+    slot_mapping,
+    cow_src,
+    cow_dst,
+    ok,
+    arena,
+    scratch,
 ):
-    """Append to the validated ``slots``; returns (status, needed, available, COW pairs).
+    """Validate, then append; returns (status, bad index, needed, available, COW pairs).
 
-    Every entry of ``slot_mapping`` is written (-1 for a sequence that did not fit); ``cow_src`` doubles as the record of simulated
-    refcount drops before it receives the copy pairs.
+    ``needed`` is exact when the call did not fit and an upper bound otherwise. Every entry of
+    ``slot_mapping`` is written (-1 for a sequence that did not fit); ``cow_src`` doubles as the
+    record of simulated refcount drops before it receives the copy pairs.
     """
     (ref, lru_prev, lru_next, free_stack, block_hash, block_salt, block_flags, tokens, htab,
      seq_table, seq_len, _, seq_salt, _, _, meta, ulog, ev_ids, ev_hash, ev_tok, _, scr,
      _) = unpack(arena, scratch)  # fmt: skip
+    status, bad, _ = validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch)
+    if status != ST_OK:
+        return status, bad, 0, 0, 0
     block_size = tokens.shape[1]
     available = meta[M_FREE_TOP] + meta[M_CACHED]
-    needed = total_need(slots, counts, cow_src, ref, block_size, seq_table, seq_len)
-    if atomic and needed > available:
-        return ST_POOL_EXHAUSTED, needed, available, 0
+    # An upper bound on the need (new blocks plus one copy per sequence) reads no sequence
+    # state; only a call that might not fit pays for the exact count.
+    needed = 0
+    for i in range(slots.shape[0]):
+        if counts[i] > 0:
+            needed += (counts[i] + block_size - 1) // block_size + 1
+    if needed > available:
+        needed = total_need(slots, counts, cow_src, ref, block_size, seq_table, seq_len)
+        if atomic and needed > available:
+            return ST_POOL_EXHAUSTED, -1, needed, available, 0
     # Evictions happen only once the free stack is empty; the facade grows the record buffers.
     evictions = min(needed, available) - meta[M_FREE_TOP]
     if evictions > ev_ids.shape[0] or (scr[S_EV_PAYLOAD] != 0 and evictions > ev_tok.shape[0]):
-        return ST_NEED_BUFFERS, evictions, available, 0
+        return ST_NEED_BUFFERS, -1, evictions, available, 0
     num_cow = 0
     scr[S_EV_N] = 0
     scr[S_FAILED] = 0
@@ -337,4 +359,4 @@ def run_append(
                 slot_mapping[offset + j] = -1
         offset += counts[i]
     table_purge_evicted(htab, block_hash, ev_hash, scr[S_EV_N])
-    return ST_OK, needed, available, num_cow
+    return ST_OK, -1, needed, available, num_cow

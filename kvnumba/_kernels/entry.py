@@ -35,20 +35,21 @@ def k_new_sequences(count, arena, scratch):
 def k_append(ids, counts, tokens_in, has_tokens, atomic, arena, scratch):
     """``append``: returns (status, bad, needed, available, slot_mapping, cow_src, cow_dst, ok)."""
     n = ids.shape[0]
+    total = 0
+    for i in range(counts.shape[0]):
+        total += max(counts[i], 0)  # negative counts are rejected by the worker
     slots = np.empty(n, dtype=np.int64)
     ok = np.zeros(n, dtype=np.bool_)
     cow_src = np.empty(n, dtype=np.int32)
     cow_dst = np.empty(n, dtype=np.int32)
-    status, bad, total = validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch)
-    if status != ST_OK:
-        return status, bad, 0, 0, np.empty(0, dtype=np.int64), cow_src[:0], cow_dst[:0], ok
     slot_mapping = np.empty(total, dtype=np.int64)
-    status, needed, available, num_cow = run_append(
-        slots,
+    status, bad, needed, available, num_cow = run_append(
+        ids,
         counts,
         tokens_in,
         has_tokens,
         atomic,
+        slots,
         slot_mapping,
         cow_src,
         cow_dst,
@@ -56,7 +57,7 @@ def k_append(ids, counts, tokens_in, has_tokens, atomic, arena, scratch):
         arena,
         scratch,
     )
-    return status, -1, needed, available, slot_mapping, cow_src[:num_cow], cow_dst[:num_cow], ok
+    return status, bad, needed, available, slot_mapping, cow_src[:num_cow], cow_dst[:num_cow], ok
 
 
 @njit(cache=True)
