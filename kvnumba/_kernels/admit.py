@@ -3,9 +3,10 @@
 from numba import njit
 
 from kvnumba._kernels.append import append_tokens
+from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.lru import lru_unlink
 from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
-from kvnumba._kernels.sequences import blocks_of, open_slot
+from kvnumba._kernels.sequences import open_slot
 from kvnumba._kernels.undo import (
     LOG_PER_BLOCK,
     LOG_PER_SEQUENCE,

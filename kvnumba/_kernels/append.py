@@ -3,8 +3,9 @@
 from numba import njit
 
 from kvnumba._kernels.blocks import register_full_block, take_block
+from kvnumba._kernels.geometry import blocks_of, div_block, mod_block
 from kvnumba._kernels.prefix import table_purge_evicted
-from kvnumba._kernels.sequences import blocks_of, resolve
+from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import U_FLAGS, U_REF, U_SEQLEN, U_SEQTAB, log_write
 from kvnumba._kernels.views import unpack
 from kvnumba._state import (
@@ -40,7 +41,10 @@ def blocks_needed(slot, count, ref, block_size, seq_table, seq_len):
         return 0
     length = seq_len[slot]
     need = blocks_of(length + count, block_size) - blocks_of(length, block_size)
-    if length % block_size != 0 and ref[seq_table[slot, length // block_size]] > 1:
+    if (
+        mod_block(length, block_size) != 0
+        and ref[seq_table[slot, div_block(length, block_size)]] > 1
+    ):
         need += 1
     return need
 
@@ -87,9 +91,9 @@ def append_tokens(
     width = seq_table.shape[1]
     length = seq_len[slot]
     salt = seq_salt[slot]
-    fill = length % block_size
+    fill = mod_block(length, block_size)
     if fill != 0:
-        pos = length // block_size
+        pos = div_block(length, block_size)
         tail = seq_table[slot, pos]
         if ref[tail] > 1:
             # NOTE: the other holders keep the old block, so its payload stays untouched.
@@ -127,12 +131,12 @@ def append_tokens(
     done = 0
     while done < count:
         p = length + done
-        pos = p // block_size
+        pos = div_block(p, block_size)
         offset = p - pos * block_size
         if offset == 0 and not logging and not has_tokens:
             # Bulk path for a prefill without ids (W-micro, recompute): whole fresh blocks
             # straight off the free stack, counters updated once. Same outcome as the loop below.
-            whole = min((count - done) // block_size, meta[M_FREE_TOP])
+            whole = min(div_block(count - done, block_size), meta[M_FREE_TOP])
             if whole > 0:
                 top = meta[M_FREE_TOP]
                 for q in range(whole):
@@ -246,8 +250,8 @@ def total_need(slots, counts, dropped, ref, block_size, seq_table, seq_len):
         dropped[i] = -1
         needed += blocks_needed(slot, counts[i], ref, block_size, seq_table, seq_len)
         length = seq_len[slot]
-        if counts[i] > 0 and length % block_size != 0:
-            tail = seq_table[slot, length // block_size]
+        if counts[i] > 0 and mod_block(length, block_size) != 0:
+            tail = seq_table[slot, div_block(length, block_size)]
             if ref[tail] > 1:
                 ref[tail] -= 1
                 dropped[i] = tail
@@ -300,7 +304,7 @@ def run_append(
     needed = 0
     for i in range(slots.shape[0]):
         if counts[i] > 0:
-            needed += (counts[i] + block_size - 1) // block_size + 1
+            needed += blocks_of(counts[i], block_size) + 1
     if needed > available:
         needed = total_need(slots, counts, cow_src, ref, block_size, seq_table, seq_len)
         if atomic and needed > available:

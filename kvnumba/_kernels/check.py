@@ -7,8 +7,8 @@ The only kernel that scans the whole pool. It returns the first inconsistency as
 import numpy as np
 from numba import njit
 
+from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.prefix import chain_hash, root_hash
-from kvnumba._kernels.sequences import blocks_of
 from kvnumba._state import (
     EMPTY,
     F_HASHED,

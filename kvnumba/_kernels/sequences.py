@@ -7,6 +7,7 @@ handed out, so ids are never reused and a stale id is told apart from an unknown
 from numba import njit
 
 from kvnumba._kernels.blocks import drop_ref
+from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.undo import U_SEQGEN, U_SEQLEN, U_SEQLIVE, U_SEQSALT, log_write
 from kvnumba._kernels.views import unpack
 from kvnumba._state import M_LIVE_SEQS, M_SLOT_TOP, NIL, S_STAMP
@@ -56,12 +57,6 @@ def open_slot(salt, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog
     seq_len[slot] = 0
     meta[M_LIVE_SEQS] += 1
     return slot, (gen << SLOT_BITS) | slot
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def blocks_of(length, block_size):
-    """Blocks that hold ``length`` tokens."""
-    return (length + block_size - 1) // block_size
 
 
 @njit(cache=True, _nrt=False)

@@ -1,0 +1,30 @@
+"""Token position <-> block arithmetic.
+
+Block sizes are almost always powers of two; then a shift and a mask replace a 64-bit division,
+which costs tens of cycles and sits on the per-sequence path of every call.
+"""
+
+from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def div_block(x, block_size):
+    """``x // block_size`` for ``x >= 0``."""
+    if block_size & (block_size - 1) == 0:
+        return x >> trailing_zeros(block_size)
+    return x // block_size
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def mod_block(x, block_size):
+    """``x % block_size`` for ``x >= 0``."""
+    if block_size & (block_size - 1) == 0:
+        return x & (block_size - 1)
+    return x % block_size
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def blocks_of(length, block_size):
+    """Blocks that hold ``length`` tokens."""
+    return div_block(length + block_size - 1, block_size)
