@@ -15,7 +15,8 @@ def index_array(value, name: str) -> np.ndarray:
     Raises
     ------
     TypeError
-        For float, bool, object or other non-integer input.
+        For float, bool, object or other non-integer input (Python ints beyond int64 make an
+        object array and land here too).
     ValueError
         For input that is not one-dimensional or does not fit in int64.
     """
@@ -31,7 +32,7 @@ def index_array(value, name: str) -> np.ndarray:
         return np.empty(0, dtype=np.int64)  # [] and () carry no dtype of their own
     kind = array.dtype.kind
     if kind == "u":
-        if array.max() > _INT64_MAX:
+        if array.size and array.max() > _INT64_MAX:
             raise ValueError(f"{name} holds values beyond int64")
     elif kind != "i":
         raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")

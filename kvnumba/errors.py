@@ -65,12 +65,13 @@ class SequenceReleased(InvalidSequence):
 class SequenceTooLong(KVNumbaError):
     """A sequence would grow beyond ``max_seq_len`` tokens."""
 
-    def __init__(self, seq_id: int, length: int, max_seq_len: int):
-        self.seq_id = int(seq_id)
+    def __init__(self, seq_id: int, length: int, max_seq_len: int, message: str | None = None):
+        self.seq_id = int(seq_id)  # -1 for a prompt of admit, which has no id yet
         self.length = int(length)
         self.max_seq_len = int(max_seq_len)
         super().__init__(
-            f"sequence {self.seq_id} would hold {self.length} tokens, "
+            message
+            or f"sequence {self.seq_id} would hold {self.length} tokens, "
             f"more than max_seq_len={self.max_seq_len}"
         )
 

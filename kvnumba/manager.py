@@ -26,6 +26,7 @@ from kvnumba._state import (
     M_FREE_TOP,
     M_PREFIX_HITS,
     M_PREFIX_QUERIES,
+    M_SLOT_TOP,
     M_USED,
     S_EV_N,
     S_EV_PAYLOAD,
@@ -40,16 +41,31 @@ _NO_TOKENS = np.empty(0, dtype=np.int64)
 # Building a NamedTuple from a tuple skips its keyword-argument __new__ (a third of the cost).
 _new_append_result = AppendResult._make
 _new_admit_result = AdmitResult._make
-_KERNELS: dict = {}
+_KERNELS: dict = {}  # entry kernel name -> compiled entry point, shared by all managers
 
 
-def _kernels() -> dict:
-    """The compiled entry kernels, loaded once per process (from numba's cache when warm)."""
-    if not _KERNELS:
-        from kvnumba._dispatch import SIGNATURES
+def _bind_kernels(manager) -> None:
+    """Give ``manager`` an attribute ``_<name>`` per entry kernel.
 
-        _KERNELS.update((name, compiled(name)) for name in SIGNATURES)
-    return _KERNELS
+    A kernel already loaded in this process is bound directly; any other is bound to a loader
+    that compiles it (or loads it from numba's cache) on first use and rebinds itself, so a
+    program pays only for the kernels it calls.
+    """
+    from kvnumba._dispatch import SIGNATURES
+
+    for name in SIGNATURES:
+        setattr(manager, "_" + name, _KERNELS.get(name) or _loader(manager, name))
+
+
+def _loader(manager, name: str):
+    def load(*args):
+        kernel = _KERNELS.get(name)
+        if kernel is None:
+            kernel = _KERNELS[name] = compiled(name)
+        setattr(manager, "_" + name, kernel)
+        return kernel(*args)
+
+    return load
 
 
 DEFAULT_MAX_SEQS = 1024
@@ -107,8 +123,8 @@ class BlockManager:
         if max_seq_len is None:
             max_seq_len = min(num_blocks * block_size, DEFAULT_MAX_SEQ_LEN)
         max_seq_len = positive_int(max_seq_len, "max_seq_len", geometry)
-        if num_blocks >= 2**31 - 1 or max_seqs >= 2**31 - 1:
-            raise geometry("num_blocks and max_seqs must be below 2**31 - 1 (int32 block ids)")
+        if max(num_blocks, max_seqs, max_seq_len) >= 2**31 - 1:
+            raise geometry("num_blocks, max_seqs and max_seq_len must be below 2**31 - 1")
         if page_pool is not None or blocks_per_page is not None:
             raise NotImplementedError("physical page pools are not implemented yet")
         if on_evict is not None and not callable(on_evict):
@@ -139,16 +155,7 @@ class BlockManager:
             views.append(view)
         self._views = State(*views)
         self._failed_calls = 0
-        kernels = _kernels()
-        self._k_new_sequences = kernels["k_new_sequences"]
-        self._k_append = kernels["k_append"]
-        self._k_can_append = kernels["k_can_append"]
-        self._k_admit = kernels["k_admit"]
-        self._k_fork = kernels["k_fork"]
-        self._k_release = kernels["k_release"]
-        self._k_block_tables = kernels["k_block_tables"]
-        self._k_seq_lens = kernels["k_seq_lens"]
-        self._k_check = kernels["k_check"]
+        _bind_kernels(self)
 
     def _new_scratch(self, rows: int, log_rows: int, payload: bool = False) -> None:
         """(Re)allocate the scratch arena, keeping its control slots and duplicate marks."""
@@ -231,9 +238,14 @@ class BlockManager:
         TooManySequences
             If fewer than ``count`` sequence slots are free.
         """
+        if isinstance(count, bool):
+            raise TypeError("count must be an integer, not a bool")
         count = operator.index(count)
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
+        if count > self._max_seqs:  # before anything is allocated for the ids
+            free = int(self._s.meta[M_SLOT_TOP])
+            raise E.TooManySequences(count, free, self._max_seqs)
         status, ids = self._k_new_sequences(count, *self._args)
         if status:
             self._raise(status, -1, None, requested=count)
@@ -277,7 +289,7 @@ class BlockManager:
         else:
             tokens_in, has_tokens = index_array(tokens, "tokens"), True
         while True:
-            result = self._k_append(ids, counts, tokens_in, has_tokens, bool(atomic), *self._args)
+            result = self._k_append(ids, counts, tokens_in, has_tokens, _flag(atomic), *self._args)
             status = result[0]
             if status != E.ST_NEED_BUFFERS:
                 break
@@ -327,7 +339,7 @@ class BlockManager:
                     f"salts has {salts.shape[0]} entries for {lengths.shape[0]} prompts"
                 )
         while True:
-            result = self._k_admit(tokens_in, lengths, salts, bool(atomic), *self._args)
+            result = self._k_admit(tokens_in, lengths, salts, _flag(atomic), *self._args)
             status = result[0]
             if status != E.ST_NEED_BUFFERS:
                 break
@@ -366,6 +378,10 @@ class BlockManager:
         n = operator.index(n)
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        if ids.shape[0] * n > self._max_seqs:  # before anything is allocated for the children
+            self.seq_lens(ids)  # an invalid id still takes precedence
+            free = int(self._s.meta[M_SLOT_TOP])
+            raise E.TooManySequences(ids.shape[0] * n, free, self._max_seqs)
         status, bad, children = self._k_fork(ids, n, *self._args)
         if status:
             self._raise(status, bad, ids, requested=ids.shape[0] * n)
@@ -512,14 +528,21 @@ class BlockManager:
                 raise ValueError(f"counts has {counts.shape[0]} entries for {ids.shape[0]} ids")
             if lengths is not None:
                 raise ValueError(
-                    f"tokens has {tokens.shape[0]} entries but lengths sum to {int(lengths.sum())}"
+                    f"tokens has {tokens.shape[0]} entries but lengths sum to "
+                    f"{sum(int(x) for x in lengths)}"
                 )
             raise ValueError(
                 f"tokens does not hold one id per appended token ({int(counts.sum())})"
             )
         if status == E.ST_TOO_LONG:
             if lengths is not None:
-                raise E.SequenceTooLong(-1, lengths[bad], self._max_seq_len)
+                raise E.SequenceTooLong(
+                    -1,
+                    lengths[bad],
+                    self._max_seq_len,
+                    f"prompt {bad} has {int(lengths[bad])} tokens, more than "
+                    f"max_seq_len={self._max_seq_len}",
+                )
             length = self.seq_lens(ids[bad : bad + 1])[0] + counts[bad]
             raise E.SequenceTooLong(ids[bad], length, self._max_seq_len)
         if status == E.ST_TOO_MANY_SEQS:
@@ -528,6 +551,13 @@ class BlockManager:
                 requested or (0 if lengths is None else lengths.shape[0]), free, self._max_seqs
             )
         raise RuntimeError(f"unexpected kernel status {status}")  # pragma: no cover
+
+
+def _flag(value) -> bool:
+    """A keyword switch: ``True``/``False`` (numpy booleans too), nothing else."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"atomic must be True or False, got {value!r}")
 
 
 def split_id(seq_id: int) -> tuple[int, int]:

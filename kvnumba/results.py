@@ -70,7 +70,8 @@ class Stats:
     mapped_pages : int
         Physical pages this manager holds (0 without a page pool).
     failed_calls : int
-        Calls that raised or reported a failed sequence.
+        Calls that raised ``PoolExhausted`` or reported a sequence that did not fit
+        (``ok == False``); input errors are not counted.
     """
 
     used: int

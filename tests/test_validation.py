@@ -330,3 +330,51 @@ def test_validation_takes_precedence_over_pool_exhausted(busy, assert_unchanged)
     for call, exc in cases:
         assert_unchanged(mgr, call, exc)
     assert mgr.stats().failed_calls == failed  # validation errors are not pool failures
+
+
+# --- input at the edges of int64 and of memory: typed errors, nothing allocated or changed ---
+
+
+def test_huge_counts_are_too_long_not_wrapped(assert_unchanged):
+    mgr = BlockManager(8, 4, max_seqs=4, max_seq_len=16)
+    ids = mgr.new_sequences(3)
+    mgr.append(ids, [1, 1, 1])
+    big = 2**63 - 1
+    # A sum that wraps to a small number must not slip past the length check.
+    err = assert_unchanged(mgr, lambda: mgr.append(ids, [big, big, 2]), SequenceTooLong)
+    assert err.seq_id == ids[0] and err.max_seq_len == 16
+    assert_unchanged(mgr, lambda: mgr.can_append(ids[:1], [big]), SequenceTooLong)
+    assert_unchanged(mgr, lambda: mgr.append(ids[:1], [big], [1, 2]), ValueError)
+
+
+def test_huge_prompt_lengths(assert_unchanged):
+    mgr = BlockManager(8, 4, max_seqs=4, max_seq_len=16)
+    err = assert_unchanged(mgr, lambda: mgr.admit([1, 2], [2**63 - 1, 2**63 - 1]), ValueError)
+    assert "lengths sum to 18446744073709551614" in str(err)
+    err = assert_unchanged(mgr, lambda: mgr.admit(list(range(20)), [20]), SequenceTooLong)
+    assert "prompt 0 has 20 tokens" in str(err)
+
+
+def test_huge_sequence_requests_raise_before_allocating(assert_unchanged):
+    mgr = BlockManager(8, 4, max_seqs=4)
+    ids = mgr.new_sequences(1)
+    for call in (
+        lambda: mgr.new_sequences(10**12),
+        lambda: mgr.new_sequences(2**70),
+        lambda: mgr.fork(ids, 10**12),
+    ):
+        assert_unchanged(mgr, call, TooManySequences)
+    released = mgr.new_sequences(1)
+    mgr.release(released)
+    assert_unchanged(mgr, lambda: mgr.fork(released, 10**12), SequenceReleased)
+
+
+def test_empty_unsigned_and_switch_types(assert_unchanged):
+    mgr = BlockManager(8, 4)
+    res = mgr.append(np.array([], np.int64), np.array([], np.uint8))
+    assert res.slot_mapping.shape == (0,) and res.ok.shape == (0,)
+    ids = mgr.new_sequences(1)
+    assert_unchanged(mgr, lambda: mgr.append(ids, [1], atomic="no"), TypeError)
+    assert_unchanged(mgr, lambda: mgr.admit([1], [1], atomic=1), TypeError)
+    assert_unchanged(mgr, lambda: mgr.new_sequences(True), TypeError)
+    assert mgr.append(ids, [1], atomic=np.bool_(False)).ok.tolist() == [True]

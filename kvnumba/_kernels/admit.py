@@ -85,16 +85,22 @@ def validate_admit(tokens_in, lengths, salts, arena, scratch):
     num_prompts = lengths.shape[0]
     block_size = tokens.shape[1]
     total = 0
+    mismatch = False
     bound = 0
     longest = 0
     for p in range(num_prompts):
         if lengths[p] < 1:
             return ST_BAD_LENGTH, p, 0, 0, 0
-        total += lengths[p]
-        blocks = blocks_of(lengths[p], block_size)
+        # Compared with len(tokens) without ever exceeding it, so the sum cannot wrap.
+        if lengths[p] > tokens_in.shape[0] - total:
+            mismatch = True
+        else:
+            total += lengths[p]
+        # A prompt beyond max_seq_len is rejected below; clamping keeps the bound from wrapping.
+        blocks = blocks_of(min(lengths[p], meta[M_MAX_SEQ_LEN] + 1), block_size)
         bound += blocks
         longest = max(longest, blocks)
-    if total != tokens_in.shape[0] or salts.shape[0] != num_prompts:
+    if mismatch or total != tokens_in.shape[0] or salts.shape[0] != num_prompts:
         return ST_TOKEN_MISMATCH, -1, 0, 0, 0
     for j in range(total):
         if tokens_in[j] < 0:

@@ -199,9 +199,20 @@ def append_tokens(
     return num_cow
 
 
+@njit(cache=True, _nrt=False)
+def max_seq_len(arena, scratch):
+    """The manager's ``max_seq_len``."""
+    (_, _, _, _, _, _, _, _, _, _, _, _, _, _, _, meta, _, _, _, _, _, _, _) = unpack(
+        arena, scratch
+    )
+    return meta[M_MAX_SEQ_LEN]
+
+
 @njit(cache=True, _nrt=False, inline="always")
 def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
     """Check an append request, writing each id's slot; returns (status, bad index, tokens).
+
+    The token count is meaningful only with ``has_tokens``.
 
     Whole-array checks come first (counts, token ids), then each id in input order (unknown or
     released, duplicate, too long), the same order as the reference model.
@@ -210,13 +221,18 @@ def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
      scr, _) = unpack(arena, scratch)  # fmt: skip
     if counts.shape[0] != ids.shape[0]:
         return ST_TOKEN_MISMATCH, -1, 0
+    # The sum is compared with len(tokens) without ever exceeding it, so it cannot wrap.
     total = 0
+    mismatch = False
     for i in range(ids.shape[0]):
         if counts[i] < 0:
             return ST_NEGATIVE_COUNT, i, 0
-        total += counts[i]
+        if counts[i] > tokens_in.shape[0] - total:
+            mismatch = True
+        else:
+            total += counts[i]
     if has_tokens:
-        if tokens_in.shape[0] != total:
+        if mismatch or tokens_in.shape[0] != total:
             return ST_TOKEN_MISMATCH, -1, total
         for j in range(total):
             if tokens_in[j] < 0:
@@ -230,7 +246,7 @@ def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
         if seq_mark[slot] == stamp:
             return ST_DUPLICATE_ID, i, 0
         seq_mark[slot] = stamp
-        if seq_len[slot] + counts[i] > meta[M_MAX_SEQ_LEN]:
+        if counts[i] > meta[M_MAX_SEQ_LEN] - seq_len[slot]:
             return ST_TOO_LONG, i, 0
         slots[i] = slot
     return ST_OK, -1, total

@@ -220,6 +220,28 @@ def save_plot(result: SimResult, num_blocks: int, path: Path, title: str) -> Non
         plt.close(fig)
 
 
+class _NoBar:
+    """Stands in for tqdm when it is not installed (it comes with the ``sim`` extra)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1):
+        """Ignore progress."""
+
+
+def _progress_bar(total: int):
+    """A tqdm bar on stderr, shown only when stderr is a terminal (logs and pipes stay clean)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, unit="req", file=sys.stderr, disable=None, desc="simulate")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``kvnumba simulate``.
 
@@ -261,12 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         step_ms=args.step_ms,
         max_prefill_tokens=args.max_prefill_tokens,
     )
-    from tqdm import tqdm
-
-    # disable=None: a bar on an interactive stderr only, so logs and pipes stay clean.
-    with tqdm(
-        total=len(requests), unit="req", file=sys.stderr, disable=None, desc="simulate"
-    ) as bar:
+    with _progress_bar(len(requests)) as bar:
         try:
             factory = reference_manager_factory if args.reference else None
             sim = Simulator(requests, config, factory, progress=bar.update)
@@ -297,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         except OSError as exc:
             print(f"kvnumba simulate: cannot write plot: {exc}", file=sys.stderr)
+            return 2
+        except ImportError:
+            print(
+                "kvnumba simulate: --plot needs matplotlib: pip install 'kvnumba[sim]'",
+                file=sys.stderr,
+            )
             return 2
     if args.json:
         print(json.dumps({"config": setup, "results": summary}, indent=2))
