@@ -543,7 +543,7 @@ class BlockManager:
                     f"prompt {bad} has {int(lengths[bad])} tokens, more than "
                     f"max_seq_len={self._max_seq_len}",
                 )
-            length = self.seq_lens(ids[bad : bad + 1])[0] + counts[bad]
+            length = int(self.seq_lens(ids[bad : bad + 1])[0]) + int(counts[bad])  # no wrap
             raise E.SequenceTooLong(ids[bad], length, self._max_seq_len)
         if status == E.ST_TOO_MANY_SEQS:
             free = self._max_seqs - int(np.count_nonzero(self._s.seq_live))
