@@ -38,6 +38,7 @@ from kvnumba._state import (
 from kvnumba.results import AdmitResult, AppendResult, Stats
 
 _NO_TOKENS = np.empty(0, dtype=np.int64)
+_INT64 = np.dtype(np.int64)
 # Building a NamedTuple from a tuple skips its keyword-argument __new__ (a third of the cost).
 _new_append_result = AppendResult._make
 _new_admit_result = AdmitResult._make
@@ -282,8 +283,15 @@ class BlockManager:
         ValueError, TypeError
             For malformed input. Nothing is changed by any failed call.
         """
-        ids = index_array(ids, "ids")
-        counts = index_array(counts, "counts")
+        # The hot path: int64 vectors are passed through without a call (see index_array).
+        if not (type(ids) is np.ndarray and ids.dtype == _INT64 and ids.flags.c_contiguous):
+            ids = index_array(ids, "ids")
+        if not (
+            type(counts) is np.ndarray and counts.dtype == _INT64 and counts.flags.c_contiguous
+        ):
+            counts = index_array(counts, "counts")
+        if ids.ndim != 1 or counts.ndim != 1:
+            ids, counts = index_array(ids, "ids"), index_array(counts, "counts")
         if tokens is None:
             tokens_in, has_tokens = _NO_TOKENS, False
         else:

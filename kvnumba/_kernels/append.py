@@ -227,10 +227,11 @@ def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
     for i in range(ids.shape[0]):
         if counts[i] < 0:
             return ST_NEGATIVE_COUNT, i, 0
-        if counts[i] > tokens_in.shape[0] - total:
-            mismatch = True
-        else:
-            total += counts[i]
+        if has_tokens:
+            if counts[i] > tokens_in.shape[0] - total:
+                mismatch = True
+            else:
+                total += counts[i]
     if has_tokens:
         if mismatch or tokens_in.shape[0] != total:
             return ST_TOKEN_MISMATCH, -1, total
