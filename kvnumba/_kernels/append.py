@@ -179,7 +179,7 @@ def append_tokens(
             b = seq_table[slot, pos]
             if not has_tokens and block_flags[b] & F_KNOWN:
                 log_write(ulog, scr, U_FLAGS, b, block_flags[b])
-                block_flags[b] = block_flags[b] & ~F_KNOWN
+                block_flags[b] = block_flags[b] ^ F_KNOWN  # the bit is set: clear it
         n = min(count - done, block_size - offset)
         first_slot = b * block_size + offset
         for j in range(n):

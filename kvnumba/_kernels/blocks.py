@@ -1,5 +1,6 @@
 """Taking, releasing and registering single blocks: the O(1) steps every call is made of."""
 
+import numpy as np
 from numba import njit
 
 from kvnumba._kernels.lru import lru_push_tail, lru_unlink
@@ -10,7 +11,15 @@ from kvnumba._kernels.prefix import (
     table_insert,
     table_mark_evicted,
 )
-from kvnumba._kernels.undo import U_FLAGS, U_HASH, U_REF, U_SALT, U_TOKROW, log_write
+from kvnumba._kernels.undo import (
+    U_FLAGS,
+    U_HASH,
+    U_HASH_LOW,
+    U_REF,
+    U_SALT,
+    U_TOKROW,
+    log_write,
+)
 from kvnumba._state import (
     F_HASHED,
     F_KNOWN,
@@ -129,7 +138,9 @@ def register_full_block(
     else:
         return
     h = chain_hash(parent, salt, tokens[b], meta[M_HASH_BITS])
-    log_write(ulog, scr, U_HASH, b, block_hash[b])
+    old_hash = block_hash[b]
+    log_write(ulog, scr, U_HASH, b, np.int64(old_hash >> np.uint64(32)))
+    log_write(ulog, scr, U_HASH_LOW, b, np.int64(old_hash & np.uint64(0xFFFFFFFF)))
     log_write(ulog, scr, U_SALT, b, block_salt[b])
     log_write(ulog, scr, U_FLAGS, b, block_flags[b])
     block_hash[b] = h

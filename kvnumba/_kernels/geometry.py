@@ -4,8 +4,16 @@ Block sizes are almost always powers of two; then a shift and a mask replace a 6
 which costs tens of cycles and sits on the per-sequence path of every call.
 """
 
-from numba import njit
-from numba.cpython.unsafe.numbers import trailing_zeros
+from numba import config, njit
+
+if config.DISABLE_JIT:  # the intrinsic exists only in compiled code (coverage runs)
+
+    def trailing_zeros(x):
+        """Index of the lowest set bit of ``x > 0``."""
+        return (int(x) & -int(x)).bit_length() - 1
+
+else:
+    from numba.cpython.unsafe.numbers import trailing_zeros
 
 
 @njit(cache=True, _nrt=False, inline="always")

@@ -6,6 +6,7 @@ prompts) switch the log on; every other call checks its whole need before it wri
 need no entries.
 """
 
+import numpy as np
 from numba import njit
 
 from kvnumba._state import S_EV_N, S_LOG_N, S_LOG_ON
@@ -14,7 +15,8 @@ from kvnumba._state import S_EV_N, S_LOG_N, S_LOG_ON
 U_REF = 0
 U_PREV = 1
 U_NEXT = 2
-U_HASH = 3  # old uint64 stored bit for bit in int64
+U_HASH = 3  # high 32 bits of the old uint64 hash (U_HASH_LOW holds the low ones): each half
+# fits an int64 in compiled and in pure-Python mode alike
 U_SALT = 4
 U_FLAGS = 5
 U_TOKROW = 6  # index = block; old = eviction record row holding the payload, or -1 (row was -1)
@@ -24,9 +26,13 @@ U_SEQLEN = 9
 U_SEQGEN = 10
 U_SEQSALT = 11
 U_SEQLIVE = 12
+U_HASH_LOW = 13
+_LOW = np.uint64(0xFFFFFFFF)
+_HIGH = np.uint64(0xFFFFFFFF00000000)
+_HALF = np.uint64(32)
 
 # Upper bounds of log entries a logged call writes, used to size the log before the call.
-LOG_PER_BLOCK = 12
+LOG_PER_BLOCK = 14  # take 3 + evict 3 + table entry 1 + registration 6, with room to spare
 LOG_PER_SEQUENCE = 8
 
 
@@ -75,7 +81,9 @@ def rollback(
         elif code == U_NEXT:
             lru_next[i] = old
         elif code == U_HASH:
-            block_hash[i] = old
+            block_hash[i] = (block_hash[i] & _LOW) | (np.uint64(old) << _HALF)
+        elif code == U_HASH_LOW:
+            block_hash[i] = (block_hash[i] & _HIGH) | np.uint64(old)
         elif code == U_SALT:
             block_salt[i] = old
         elif code == U_FLAGS:
