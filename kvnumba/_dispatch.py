@@ -20,7 +20,7 @@ _BOOL = types.boolean
 
 SIGNATURES = {
     "k_new_sequences": (_INT,),
-    "k_append": (_VEC, _VEC, _VEC, _BOOL, _BOOL),
+    "k_append": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _INT),
     "k_can_append": (_VEC, _VEC),
     "k_admit": (_VEC, _VEC, _VEC, _BOOL),
     "k_fork": (_VEC, _INT),

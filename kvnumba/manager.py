@@ -297,7 +297,9 @@ class BlockManager:
         else:
             tokens_in, has_tokens = index_array(tokens, "tokens"), True
         while True:
-            result = self._k_append(ids, counts, tokens_in, has_tokens, _flag(atomic), *self._args)
+            result = self._k_append(
+                ids, counts, tokens_in, has_tokens, _flag(atomic), self._max_seq_len, *self._args
+            )
             status = result[0]
             if status != E.ST_NEED_BUFFERS:
                 break

@@ -199,15 +199,6 @@ def append_tokens(
     return num_cow
 
 
-@njit(cache=True, _nrt=False)
-def max_seq_len(arena, scratch):
-    """The manager's ``max_seq_len``."""
-    (_, _, _, _, _, _, _, _, _, _, _, _, _, _, _, meta, _, _, _, _, _, _, _) = unpack(
-        arena, scratch
-    )
-    return meta[M_MAX_SEQ_LEN]
-
-
 @njit(cache=True, _nrt=False, inline="always")
 def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
     """Check an append request, writing each id's slot; returns (status, bad index, tokens).

@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from kvnumba._kernels.admit import run_admit, validate_admit
-from kvnumba._kernels.append import append_fits, max_seq_len, run_append, validate_growth
+from kvnumba._kernels.append import append_fits, run_append, validate_growth
 from kvnumba._kernels.check import check_state
 from kvnumba._kernels.sequences import (
     fill_lens,
@@ -32,13 +32,13 @@ def k_new_sequences(count, arena, scratch):
 
 
 @njit(cache=True)
-def k_append(ids, counts, tokens_in, has_tokens, atomic, arena, scratch):
+def k_append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch):
     """``append``: returns (status, bad, needed, available, slot_mapping, cow_src, cow_dst, ok)."""
     n = ids.shape[0]
-    # Room for every token of a valid call. A count beyond max_seq_len is rejected by the
-    # worker before anything is written, so clamping it keeps the sum (and the allocation)
-    # bounded without changing it for a valid call.
-    limit = max_seq_len(arena, scratch) + 1
+    # Room for every token of a valid call. A count beyond max_seq_len (passed in by the
+    # facade, which knows it) is rejected by the worker before anything is written, so clamping
+    # it keeps the sum (and the allocation) bounded without changing it for a valid call.
+    limit = max_seq_len + 1
     total = 0
     for i in range(counts.shape[0]):
         total += min(max(counts[i], 0), limit)
