@@ -1,6 +1,56 @@
 """The ``@njit(cache=True)`` kernels, one module per concern.
 
-Entry points (called by the facade) take the state arrays in ``STATE_FIELDS`` order followed by
-the scratch arrays in ``SCRATCH_FIELDS`` order (see :mod:`kvnumba._state`); helpers take only the
-arrays they touch. Kernels never raise: they return a status code from :mod:`kvnumba.errors`.
+Entry points (:mod:`.entry`, called by the facade) take the call's inputs and the two arenas of
+:mod:`kvnumba._state`; workers and helpers are described in ``docs/design.md``. Kernels never
+raise: they return a status code from :mod:`kvnumba.errors`.
+
+Importing this package drops numba's on-disk cache of these modules when any of their sources
+(or the constants they inline from ``_state.py`` and ``errors.py``) changed: numba keys a cached
+function by its own file only, and the workers here inline helpers from the other files.
 """
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from numba import config
+from numba.core.caching import _CacheLocator
+
+_HERE = Path(__file__).resolve().parent
+_SOURCES = (*sorted(_HERE.glob("*.py")), _HERE.parent / "_state.py", _HERE.parent / "errors.py")
+_MARKER = "kvnumba-kernels.sha256"
+
+
+def _cache_dirs() -> list[Path]:
+    """Where numba keeps the cache of this package's kernels (both of its usual places)."""
+    dirs = [_HERE / "__pycache__"]
+    if config.CACHE_DIR:
+        subpath = _CacheLocator.get_suitable_cache_subpath(str(_HERE / "entry.py"))
+        dirs.append(Path(config.CACHE_DIR) / subpath)
+    return dirs
+
+
+def drop_stale_cache() -> int:
+    """Delete cached kernels compiled from other sources; returns how many files went."""
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in _SOURCES)).hexdigest()
+    removed = 0
+    for directory in _cache_dirs():
+        marker = directory / _MARKER
+        try:
+            if marker.read_text() == digest:
+                continue
+        except OSError:
+            pass  # no marker yet: whatever is there was compiled from unknown sources
+        try:
+            for stale in (*directory.glob("*.nbi"), *directory.glob("*.nbc")):
+                stale.unlink()
+                removed += 1
+            directory.mkdir(parents=True, exist_ok=True)
+            marker.write_text(digest)
+        except OSError:
+            pass  # a read-only location: numba will not write there either
+    return removed
+
+
+drop_stale_cache()

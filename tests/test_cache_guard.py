@@ -1,0 +1,21 @@
+"""Cached kernels compiled from other sources are dropped when the package is imported."""
+
+from __future__ import annotations
+
+import kvnumba._kernels as kernels
+
+
+def test_stale_cache_files_are_dropped_once(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "append.run_append-300.py311.nbi").write_bytes(b"index")
+    (cache / "append.run_append-300.py311.1.nbc").write_bytes(b"code")
+    (cache / kernels._MARKER).write_text("digest of older sources")
+    (cache / "keep.txt").write_text("not numba's")
+    monkeypatch.setattr(kernels, "_cache_dirs", lambda: [cache])
+
+    assert kernels.drop_stale_cache() == 2
+    assert sorted(p.name for p in cache.iterdir()) == sorted([kernels._MARKER, "keep.txt"])
+    (cache / "entry.k_append-40.py311.nbi").write_bytes(b"index compiled from these sources")
+    assert kernels.drop_stale_cache() == 0  # the marker now matches: nothing to drop
+    assert (cache / "entry.k_append-40.py311.nbi").exists()
