@@ -568,8 +568,3 @@ def _flag(value) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"atomic must be True or False, got {value!r}")
-
-
-def split_id(seq_id: int) -> tuple[int, int]:
-    """``(generation, slot)`` of a sequence id (for debugging and tests)."""
-    return seq_id >> SLOT_BITS, seq_id & SLOT_MASK
