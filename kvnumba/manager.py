@@ -24,6 +24,7 @@ from kvnumba._state import (
     M_COW_COPIES,
     M_EVICTIONS,
     M_FREE_TOP,
+    M_LIVE_SEQS,
     M_PREFIX_HITS,
     M_PREFIX_QUERIES,
     M_SLOT_TOP,
@@ -184,6 +185,14 @@ class BlockManager:
             self._x["ulog"].shape[0], LOG_PER_BLOCK * int(blocks) + LOG_PER_SEQUENCE * int(prompts)
         )
         self._new_scratch(rows, log_rows, payload=bool(blocks))
+
+    def __repr__(self) -> str:
+        meta = self._s.meta
+        return (
+            f"BlockManager(num_blocks={self._num_blocks}, block_size={self._block_size}, "
+            f"used={int(meta[M_USED])}, cached={int(meta[M_CACHED])}, "
+            f"free={int(meta[M_FREE_TOP])}, live_seqs={int(meta[M_LIVE_SEQS])})"
+        )
 
     # ----------------------------------------------------------------------------- properties
     @property

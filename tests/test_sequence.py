@@ -223,3 +223,12 @@ def test_handle_pool_exhausted_on_fork_child_append():
     assert child.tokens.tolist() == [1, 2, 3, 4, 5]
     assert mgr.stats().failed_calls == 1
     mgr.check()
+
+
+def test_manager_repr_shows_the_census():
+    mgr = BlockManager(8, 4)
+    seq = mgr.sequence()
+    seq.append([1, 2, 3, 4, 5])
+    assert repr(mgr) == (
+        "BlockManager(num_blocks=8, block_size=4, used=2, cached=0, free=6, live_seqs=1)"
+    )
