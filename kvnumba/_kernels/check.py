@@ -9,6 +9,7 @@ from numba import njit
 
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.prefix import chain_hash, root_hash
+from kvnumba._kernels.views import unpack
 from kvnumba._state import (
     EMPTY,
     F_HASHED,
@@ -51,25 +52,11 @@ MESSAGES = {
 
 
 @njit(cache=True)
-def check_state(
-    ref,
-    lru_prev,
-    lru_next,
-    block_hash,
-    block_salt,
-    block_flags,
-    tokens,
-    free_stack,
-    htab,
-    seq_table,
-    seq_len,
-    seq_gen,
-    seq_salt,
-    seq_live,
-    slot_stack,
-    meta,
-):
+def check_state(arena, scratch):
     """Return ``(0, 0, 0)`` if the state is consistent, else the first violation."""
+    (ref, lru_prev, lru_next, free_stack, block_hash, block_salt, block_flags, tokens, htab,
+     seq_table, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, _, _, _, _, _, _,
+     _) = unpack(arena, scratch)  # fmt: skip
     num_blocks, block_size = tokens.shape
     max_seqs, width = seq_table.shape
     counted = np.zeros(num_blocks, dtype=np.int64)

@@ -20,7 +20,6 @@ from kvnumba._kernels.sequences import (
     run_release,
     table_width,
 )
-from kvnumba._kernels.views import unpack
 from kvnumba.errors import ST_OK
 
 
@@ -152,22 +151,4 @@ def k_seq_lens(ids, arena, scratch):
 @njit(cache=True)
 def k_check(arena, scratch):
     """``check``: returns (0, 0, 0) or the first violation as (code, a, b)."""
-    views = unpack(arena, scratch)
-    return check_state(
-        views[0],
-        views[1],
-        views[2],
-        views[4],
-        views[5],
-        views[6],
-        views[7],
-        views[3],
-        views[8],
-        views[9],
-        views[10],
-        views[11],
-        views[12],
-        views[13],
-        views[14],
-        views[15],
-    )
+    return check_state(arena, scratch)
