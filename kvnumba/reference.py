@@ -25,10 +25,27 @@ Model state (``N = num_blocks``):
 * ``_free``: the LIFO free stack (bottom..top); every free block is scrubbed and unhashed.
 * per sequence slot: ``_gen``, ``_live``, ``_table`` (block ids), ``_len``, ``_salt``;
   ``_slots`` is the LIFO stack of free slots.
+
+With a page pool (:class:`ReferencePagePool`, ``blocks_per_page = k``, ``P = N / k`` virtual
+pages; block ``b`` lives in page ``b // k``) ``_free`` stays empty and free blocks live in pages
+instead (the page policy of ``docs/design.md``):
+
+* ``_unmapped``: the LIFO stack of unmapped virtual pages (bottom..top); their blocks are free,
+  scrubbed and on no list.
+* ``_phys[v]``: physical page backing virtual page ``v``, -1 if unmapped.
+* ``_page_free[v]``: LIFO free list of mapped page ``v`` (bottom..top), ``[]`` if unmapped.
+* ``_buckets[c]`` (``1 <= c <= k-1``): mapped pages with ``c`` free blocks, front first.
+* ``_cache_only``: virtual page -> stamp (a tick of the pool clock), head (oldest) first: the
+  mapped pages holding cached blocks but no referenced block.
+
+A page's referenced-block and cached-block counts are derived from ``_ref`` and ``_lru`` when
+needed (``_page_used`` / ``_page_cached``) instead of being stored: fewer things to keep in
+step, and ``check()`` compares the lists above against them.
 """
 
 from __future__ import annotations
 
+import copy
 import numbers
 from collections import OrderedDict
 from collections.abc import Callable
@@ -46,7 +63,7 @@ from kvnumba.errors import (
 )
 from kvnumba.results import AdmitResult, AppendResult, Stats
 
-__all__ = ["ReferenceBlockManager"]
+__all__ = ["ReferenceBlockManager", "ReferencePagePool"]
 
 _MASK64 = (1 << 64) - 1
 _SLOT_MASK = (1 << 32) - 1
@@ -71,6 +88,8 @@ _STATE = (
     "_slots",
     "_counters",
 )
+# Page state of a manager on a page pool, saved with deep copies (the lists inside are mutated).
+_PAGE_STATE = ("_unmapped", "_phys", "_page_free", "_buckets", "_cache_only")
 
 
 def _hash64(key: tuple) -> int:
@@ -110,6 +129,138 @@ def _blocks_for(length: int, block_size: int) -> int:
     return -(-length // block_size)
 
 
+class ReferencePagePool:
+    """Pure-Python model of ``kvnumba.PagePool`` (private, one process) for the page policy.
+
+    Parameters
+    ----------
+    num_pages : int
+        Physical pages, ids ``0 .. num_pages - 1``; at least 1.
+    on_map : callable, optional
+        ``on_map(physical_ids int64[n], virtual_ids int64[n])``, called by a manager once per
+        call that mapped pages, after the call committed.
+    on_unmap : callable, optional
+        ``on_unmap(physical_ids, virtual_ids)``, likewise for pages given back.
+
+    Raises
+    ------
+    InvalidGeometry
+        If ``num_pages`` is smaller than 1.
+
+    Notes
+    -----
+    Free pages sit on a LIFO stack (a new pool pops ``0, 1, 2, ...``; a page given back is
+    pushed on top). Each taken page records its owner ``(manager, virtual page)``. The logical
+    clock stamps pages that become cache-only, so that sibling reclaim can pick the least
+    recently used ones across managers. Managers on the pool register themselves in
+    construction order; that order is the "registration order" of sibling reclaim.
+    """
+
+    def __init__(
+        self,
+        num_pages: int,
+        on_map: Callable | None = None,
+        on_unmap: Callable | None = None,
+    ):
+        num_pages = _as_int(num_pages, "num_pages")
+        if num_pages < 1:
+            raise InvalidGeometry(f"num_pages must be at least 1, got {num_pages}")
+        self._num_pages = num_pages
+        self.on_map = on_map
+        self.on_unmap = on_unmap
+        self._free = list(range(num_pages - 1, -1, -1))  # pops 0, 1, 2, ...
+        self._owner: dict[int, tuple[ReferenceBlockManager, int]] = {}
+        self._clock = 0
+        self._managers: list[ReferenceBlockManager] = []
+
+    @property
+    def num_pages(self) -> int:
+        """Physical pages in the pool."""
+        return self._num_pages
+
+    @property
+    def num_free(self) -> int:
+        """Pages on the free stack."""
+        return len(self._free)
+
+    @property
+    def clock(self) -> int:
+        """The logical clock: the last stamp handed out by :meth:`tick` (0 before any)."""
+        return self._clock
+
+    @property
+    def managers(self) -> list[ReferenceBlockManager]:
+        """Managers registered on this pool, in registration order (a copy)."""
+        return list(self._managers)
+
+    def free_pages(self) -> list[int]:
+        """Free page ids in stack order, bottom to top (the last one is taken next).
+
+        The same order as ``kvnumba.PagePool.state.free[:num_free]``.
+        """
+        return list(self._free)
+
+    def owner_of(self, physical: int) -> tuple[ReferenceBlockManager, int] | None:
+        """``(manager, virtual page)`` holding ``physical``, ``None`` if it is free."""
+        return self._owner.get(_as_int(physical, "physical"))
+
+    def tick(self) -> int:
+        """Advance the logical clock and return its new value (1, 2, ...)."""
+        self._clock += 1
+        return self._clock
+
+    # --- used by the managers -------------------------------------------------------------------
+
+    def _register(self, manager: ReferenceBlockManager) -> None:
+        self._managers.append(manager)
+
+    def _take(self, manager: ReferenceBlockManager, virtual: int) -> int:
+        """Pop the top free page and record its owner; the caller checked one is free."""
+        physical = self._free.pop()
+        self._owner[physical] = (manager, virtual)
+        return physical
+
+    def _give(self, physical: int) -> None:
+        """Push ``physical`` back on the free stack (it is the next one taken)."""
+        del self._owner[physical]
+        self._free.append(physical)
+
+    def _snapshot(self) -> tuple:
+        return list(self._free), dict(self._owner), self._clock
+
+    def _restore(self, snap: tuple) -> None:
+        free, owner, clock = snap
+        self._free, self._owner, self._clock = list(free), dict(owner), clock
+
+    def _deliver(self, unmapped: list[tuple[int, int]], mapped: list[tuple[int, int]]) -> None:
+        """Call ``on_unmap`` then ``on_map`` with ``(physical, virtual)`` records, if any."""
+        for records, hook in ((unmapped, self.on_unmap), (mapped, self.on_map)):
+            if records and hook is not None:
+                hook(
+                    np.array([r[0] for r in records], dtype=np.int64),
+                    np.array([r[1] for r in records], dtype=np.int64),
+                )
+
+    def check(self) -> None:
+        """Verify that free and owned pages partition the pool.
+
+        Raises
+        ------
+        InvariantViolation
+            Naming the first inconsistency.
+        """
+        if len(set(self._free)) != len(self._free):
+            raise InvariantViolation("a page is on the free stack twice")
+        for physical in self._free:
+            if physical in self._owner:
+                raise InvariantViolation(f"page {physical} is free and owned")
+        if sorted(self._free + list(self._owner)) != list(range(self._num_pages)):
+            raise InvariantViolation("free and owned pages do not partition the pool")
+        for physical, (manager, virtual) in self._owner.items():
+            if manager not in self._managers or manager._phys[virtual] != physical:
+                raise InvariantViolation(f"page {physical}: owner record does not match")
+
+
 class ReferenceBlockManager:
     """Pure-Python model of ``kvnumba.BlockManager`` (the test oracle and benchmark baseline).
 
@@ -128,17 +279,25 @@ class ReferenceBlockManager:
     on_evict : callable, optional
         ``on_evict(block_ids int64[n], block_hashes uint64[n], tokens int64[n, block_size])``,
         called once after each call that evicted cached blocks (committed work only).
+    page_pool : ReferencePagePool, optional
+        Physical page pool shared with other managers (two-level allocation). The manager
+        registers itself on the pool.
+    blocks_per_page : int, optional
+        Blocks per virtual page ``k``; required with ``page_pool`` (and only with it) and must
+        divide ``num_blocks``.
 
     Raises
     ------
     InvalidGeometry
-        If a size argument is smaller than 1.
+        If a size argument is smaller than 1, if only one of ``page_pool`` and
+        ``blocks_per_page`` is given, or if ``blocks_per_page`` does not divide ``num_blocks``.
 
     Notes
     -----
     Follows the deterministic policies of ``docs/design.md``: LIFO free-block and slot stacks,
-    ids ``generation << 32 | slot``, release tail block first, eviction from the LRU head.
-    Not thread-safe: one thread at a time.
+    ids ``generation << 32 | slot``, release tail block first, eviction from the LRU head; with
+    a page pool, its page policy (fullest mapped page first, then map a page, then evict).
+    Not thread-safe: one thread at a time (for all managers of one pool together).
     """
 
     def __init__(
@@ -150,6 +309,8 @@ class ReferenceBlockManager:
         max_seq_len: int | None = None,
         prefix_caching: bool = True,
         on_evict: Callable | None = None,
+        page_pool: ReferencePagePool | None = None,
+        blocks_per_page: int | None = None,
     ):
         num_blocks = _as_int(num_blocks, "num_blocks")
         block_size = _as_int(block_size, "block_size")
@@ -165,6 +326,16 @@ class ReferenceBlockManager:
         ):
             if value < 1:
                 raise InvalidGeometry(f"{name} must be at least 1, got {value}")
+        if (page_pool is None) != (blocks_per_page is None):
+            raise InvalidGeometry("page_pool and blocks_per_page go together")
+        if page_pool is not None:
+            if not isinstance(page_pool, ReferencePagePool):
+                raise TypeError(f"page_pool must be a ReferencePagePool, got {type(page_pool)}")
+            blocks_per_page = _as_int(blocks_per_page, "blocks_per_page")
+            if blocks_per_page < 1 or num_blocks % blocks_per_page:
+                raise InvalidGeometry(
+                    f"blocks_per_page={blocks_per_page} does not divide num_blocks={num_blocks}"
+                )
         self._num_blocks = num_blocks
         self._block_size = block_size
         self._max_seqs = max_seqs
@@ -180,6 +351,18 @@ class ReferenceBlockManager:
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._free = list(range(num_blocks - 1, -1, -1))  # pops 0, 1, 2, ...
 
+        # Page state (see the module notes); without a pool it stays empty and unused.
+        self._pool = page_pool
+        self._k = blocks_per_page or 0
+        num_pages = num_blocks // self._k if page_pool is not None else 0
+        self._unmapped = list(range(num_pages - 1, -1, -1))  # pops 0, 1, 2, ...
+        self._phys = [-1] * num_pages
+        self._page_free: list[list[int]] = [[] for _ in range(num_pages)]
+        self._buckets: list[list[int]] = [[] for _ in range(self._k)]  # index 0 unused
+        self._cache_only: OrderedDict[int, int] = OrderedDict()
+        if page_pool is not None:
+            self._free = []  # free blocks live in pages (or in unmapped pages)
+
         self._gen = [0] * max_seqs
         self._live = [False] * max_seqs
         self._table: list[list[int]] = [[] for _ in range(max_seqs)]
@@ -190,6 +373,10 @@ class ReferenceBlockManager:
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self._failed_calls = 0  # outside the state: never rolled back
         self._evicted: list[tuple[int, int, list[int]]] = []  # evictions of the current call
+        self._unmapped_log: list[tuple[int, int]] = []  # (physical, virtual) of this call
+        self._mapped_log: list[tuple[int, int]] = []
+        if page_pool is not None:
+            page_pool._register(self)
 
     # ------------------------------------------------------------------ properties
 
@@ -218,11 +405,25 @@ class ReferenceBlockManager:
         """Whether full blocks are registered and reused by :meth:`admit`."""
         return self._prefix_caching
 
+    @property
+    def page_pool(self) -> ReferencePagePool | None:
+        """The page pool, or ``None``."""
+        return self._pool
+
+    @property
+    def blocks_per_page(self) -> int | None:
+        """Blocks per virtual page, or ``None`` without a page pool."""
+        return self._k if self._pool is not None else None
+
     # ------------------------------------------------------------------ block helpers
 
     def _available(self) -> int:
-        """Blocks that can be taken now: free plus cached."""
-        return len(self._free) + len(self._lru)
+        """Blocks that can be taken now: free plus cached (plus mappable pages times ``k``)."""
+        if self._pool is None:
+            return len(self._free) + len(self._lru)
+        free_mapped = sum(len(blocks) for blocks in self._page_free)
+        mappable = min(self._pool.num_free, len(self._unmapped))
+        return free_mapped + len(self._lru) + mappable * self._k
 
     def _is_registered(self, block: int) -> bool:
         key = self._key[block]
@@ -234,15 +435,27 @@ class ReferenceBlockManager:
         self._key[block] = None
         self._hash[block] = None
 
+    def _evict(self, block: int) -> None:
+        """Forget cached ``block``: off the LRU list and the prefix table, recorded, counted."""
+        del self._lru[block]
+        del self._prefix[self._key[block]]
+        self._evicted.append((block, self._hash[block], list(self._tokens[block])))
+        self._counters["evictions"] += 1
+        self._scrub(block)
+
     def _take_block(self) -> int:
-        """Hand out one block (refcount set to 1): free stack top, else evict the LRU head."""
-        if self._free:
+        """Hand out one block (refcount set to 1).
+
+        Without a pool: free stack top, else evict the LRU head. With one: see
+        :meth:`_take_paged`.
+        """
+        if self._pool is not None:
+            block = self._take_paged()
+        elif self._free:
             block = self._free.pop()
         else:
-            block, _ = self._lru.popitem(last=False)
-            del self._prefix[self._key[block]]
-            self._evicted.append((block, self._hash[block], list(self._tokens[block])))
-            self._counters["evictions"] += 1
+            block = next(iter(self._lru))
+            self._evict(block)
         self._scrub(block)
         self._ref[block] = 1
         self._counters["allocations"] += 1
@@ -252,11 +465,159 @@ class ReferenceBlockManager:
         """Drop one reference; at 0 a registered block is cached, any other one freed."""
         self._ref[block] -= 1
         if self._ref[block] == 0:
-            if self._is_registered(block):
+            if self._pool is not None:
+                self._drop_last_paged(block)
+            elif self._is_registered(block):
                 self._lru[block] = None  # most recently released at the tail
             else:
                 self._scrub(block)
                 self._free.append(block)
+
+    # ------------------------------------------------------------------ page helpers
+
+    def _page_blocks(self, v: int) -> range:
+        return range(v * self._k, (v + 1) * self._k)
+
+    def _page_used(self, v: int) -> int:
+        """Blocks of page ``v`` referenced by a sequence."""
+        return sum(1 for b in self._page_blocks(v) if self._ref[b])
+
+    def _page_cached(self, v: int) -> int:
+        """Blocks of page ``v`` on the LRU list."""
+        return sum(1 for b in self._page_blocks(v) if b in self._lru)
+
+    def _enter_bucket(self, v: int) -> None:
+        """Put mapped page ``v`` at the front of the bucket of its free count (none if 0)."""
+        c = len(self._page_free[v])
+        if c:
+            self._buckets[c].insert(0, v)
+
+    def _leave_bucket(self, v: int) -> None:
+        c = len(self._page_free[v])
+        if c:
+            self._buckets[c].remove(v)
+
+    def _map_page(self) -> int:
+        """Map the top unmapped virtual page to the pool's top page; return the virtual page.
+
+        Its free list holds its blocks with ``v*k`` on top (popped first), then ``v*k+1``, ...
+        The caller checked that the pool has a free page and an unmapped page is left.
+        """
+        v = self._unmapped.pop()
+        physical = self._pool._take(self, v)
+        self._phys[v] = physical
+        self._page_free[v] = list(reversed(self._page_blocks(v)))
+        self._mapped_log.append((physical, v))
+        return v
+
+    def _unmap_page(self, v: int) -> None:
+        """Give page ``v`` (all blocks free, in no bucket) back: physical page, then virtual."""
+        physical = self._phys[v]
+        self._pool._give(physical)
+        self._phys[v] = -1
+        self._page_free[v] = []
+        self._unmapped.append(v)
+        self._unmapped_log.append((physical, v))
+
+    def _take_paged(self) -> int:
+        """Take a block under the page policy (refcount still 0; the caller sets it).
+
+        The front page of the lowest non-empty bucket (the fullest mapped page with a free
+        block) gives the top of its free list; else a new page is mapped if the pool has a free
+        page and a virtual page is left; else the LRU head is evicted.
+        """
+        for c in range(1, self._k):
+            if self._buckets[c]:
+                v = self._buckets[c].pop(0)
+                block = self._page_free[v].pop()
+                self._enter_bucket(v)  # front of bucket c - 1 (none when that is 0)
+                break
+        else:
+            if self._pool.num_free and self._unmapped:
+                v = self._map_page()
+                block = self._page_free[v].pop()
+                self._enter_bucket(v)  # bucket k - 1 (none when k == 1)
+            else:
+                block = next(iter(self._lru))
+                self._evict(block)
+                v = block // self._k
+        # The page now holds a referenced block, so it is no longer cache-only (a page is on
+        # that list exactly when it holds cached blocks but no referenced one).
+        self._cache_only.pop(v, None)
+        return block
+
+    def _drop_last_paged(self, block: int) -> None:
+        """A block's refcount just reached 0 on a manager with a page pool."""
+        v = block // self._k
+        if self._is_registered(block):
+            self._lru[block] = None  # most recently released at the tail
+        else:
+            self._scrub(block)
+            self._leave_bucket(v)
+            self._page_free[v].append(block)
+            if len(self._page_free[v]) == self._k:
+                self._unmap_page(v)
+                return
+            self._enter_bucket(v)
+        if self._page_used(v) == 0:  # cached blocks but no referenced one left
+            self._cache_only[v] = self._pool.tick()
+
+    def _give_up_pages(self, count: int) -> int:
+        """Trim the first ``count`` pages of the cache-only list (head first); return count.
+
+        Per page: evict its cached blocks in ascending block id (as an eviction for
+        allocation does), then unmap it.
+        """
+        for _ in range(count):
+            v, _ = self._cache_only.popitem(last=False)
+            for block in self._page_blocks(v):
+                if block in self._lru:
+                    self._evict(block)
+            self._leave_bucket(v)
+            self._unmap_page(v)
+        return count
+
+    def _cache_only_pages_of_siblings(self) -> int:
+        return sum(len(m._cache_only) for m in self._pool._managers if m is not self)
+
+    def _ask_siblings(self, needed: int, available: int) -> list | None:
+        """Sibling reclaim for an atomic call that failed with ``PoolExhausted``.
+
+        Asks the other managers registered on the pool for ``wanted = ceil((needed -
+        available) / k)`` cache-only pages, chosen one at a time by smallest stamp among the
+        siblings' next list heads, and makes each sibling (in registration order) give up its
+        chosen pages as :meth:`trim` does.
+
+        Returns
+        -------
+        list of (manager, snapshot) or None
+            The siblings that gave up pages, with their state (pool included) from before;
+            ``None`` (nothing changed) when no pool, ``wanted < 1``, too few cache-only pages
+            among the siblings, or fewer than ``pool.num_free + wanted`` unmapped virtual pages
+            here.
+        """
+        if self._pool is None:
+            return None
+        wanted = -(-(needed - available) // self._k)
+        if wanted < 1 or self._pool.num_free + wanted > len(self._unmapped):
+            return None
+        if self._cache_only_pages_of_siblings() < wanted:
+            return None
+        siblings = [m for m in self._pool._managers if m is not self]
+        chosen = [0] * len(siblings)  # a prefix of each sibling's cache-only list
+        stamps = [list(m._cache_only.values()) for m in siblings]
+        for _ in range(wanted):
+            best = min(
+                (i for i in range(len(siblings)) if chosen[i] < len(stamps[i])),
+                key=lambda i: stamps[i][chosen[i]],
+            )
+            chosen[best] += 1
+        # Snapshots first (each includes the pool as it is now), then the work.
+        reclaimed = [(m, m._snapshot()) for m, n in zip(siblings, chosen, strict=True) if n]
+        for (m, _), n in zip(reclaimed, [n for n in chosen if n], strict=True):
+            m._begin_call()
+            m._give_up_pages(n)
+        return reclaimed
 
     def _register_if_full(self, slot: int, index: int) -> None:
         """Hash block ``index`` of sequence ``slot`` (just filled) and register it if new."""
@@ -385,10 +746,15 @@ class ReferenceBlockManager:
 
     def _begin_call(self) -> None:
         self._evicted = []
+        self._unmapped_log = []
+        self._mapped_log = []
 
     def _commit_call(self) -> None:
-        """Deliver this call's evictions to ``on_evict`` (after the call committed)."""
+        """Deliver this call's callbacks (after it committed): ``on_evict``, then the pool's
+        ``on_unmap``, then ``on_map``."""
         evicted, self._evicted = self._evicted, []
+        unmapped, self._unmapped_log = self._unmapped_log, []
+        mapped, self._mapped_log = self._mapped_log, []
         if evicted and self._on_evict is not None:
             self._on_evict(
                 np.array([e[0] for e in evicted], dtype=np.int64),
@@ -397,15 +763,50 @@ class ReferenceBlockManager:
                     len(evicted), self._block_size
                 ),
             )
+        if self._pool is not None:
+            self._pool._deliver(unmapped, mapped)
 
     def _snapshot(self) -> dict:
-        """Shallow copies of the state (see the module notes on why that suffices)."""
-        return {name: getattr(self, name).copy() for name in _STATE}
+        """Copies of the state: shallow for blocks and sequences (see the module notes on why
+        that suffices), deep for the page lists, plus the pool's state."""
+        snap = {name: getattr(self, name).copy() for name in _STATE}
+        if self._pool is not None:
+            snap.update({name: copy.deepcopy(getattr(self, name)) for name in _PAGE_STATE})
+            snap["pool"] = self._pool._snapshot()
+        return snap
 
     def _restore(self, snap: dict) -> None:
         for name, value in snap.items():
-            setattr(self, name, value)
-        self._evicted = []
+            if name == "pool":
+                self._pool._restore(value)
+            elif name in _PAGE_STATE:
+                setattr(self, name, copy.deepcopy(value))  # the snapshot stays reusable
+            else:
+                setattr(self, name, value)
+        self._begin_call()
+
+    def _run(self, attempt: Callable, atomic: bool):
+        """Run one call: ``attempt()`` (which begins the call and either returns its result or
+        raises ``PoolExhausted`` with nothing changed), with sibling reclaim for atomic calls,
+        failure counting and the callbacks of committed work (siblings' first)."""
+        try:
+            result = attempt()
+        except PoolExhausted as first:
+            reclaimed = self._ask_siblings(first.needed, first.available) if atomic else None
+            if reclaimed is None:
+                self._failed_calls += 1
+                raise
+            try:
+                result = attempt()
+            except PoolExhausted:
+                for sibling, snap in reversed(reclaimed):
+                    sibling._restore(snap)
+                self._failed_calls += 1
+                raise first from None
+            for sibling, _ in reclaimed:
+                sibling._commit_call()
+        self._commit_call()
+        return result
 
     # ------------------------------------------------------------------ public API
 
@@ -479,9 +880,15 @@ class ReferenceBlockManager:
         InvalidSequence, SequenceReleased, SequenceTooLong
             Bad ids or growth beyond ``max_seq_len``.
         PoolExhausted
-            Atomic mode only, when the call needs more blocks than free plus cached.
+            Atomic mode only, when the call needs more blocks than available (free plus
+            cached, plus mappable pages times ``blocks_per_page``) even after sibling reclaim.
         """
         slots, counts, tokens = self._validate_append(ids, counts, tokens)
+        return self._run(lambda: self._append(slots, counts, tokens, atomic), atomic)
+
+    def _append(self, slots, counts, tokens, atomic: bool) -> AppendResult:
+        """One attempt of :meth:`append` on validated input (callbacks left pending)."""
+        self._begin_call()
         available = self._available()
         if atomic:
             pending: dict[int, int] = {}
@@ -489,9 +896,7 @@ class ReferenceBlockManager:
                 self._append_need(s, c, pending) for s, c in zip(slots, counts, strict=True)
             )
             if needed > available:
-                self._failed_calls += 1
                 raise PoolExhausted(needed, available)
-        self._begin_call()
         out: list[int] = []
         cow: list[tuple] = []
         ok = np.ones(len(slots), dtype=bool)
@@ -506,7 +911,6 @@ class ReferenceBlockManager:
             start += count
         if not ok.all():
             self._failed_calls += 1
-        self._commit_call()
         return AppendResult(
             slot_mapping=np.array(out, dtype=np.int64),
             cow_src=np.array([c[0] for c in cow], dtype=np.int32),
@@ -529,7 +933,14 @@ class ReferenceBlockManager:
         slots, counts, _ = self._validate_append(ids, counts, None)
         pending: dict[int, int] = {}
         needed = sum(self._append_need(s, c, pending) for s, c in zip(slots, counts, strict=True))
-        return needed <= self._available()
+        if self._pool is None:
+            return needed <= self._available()
+        # Sibling reclaim can add the siblings' cache-only pages to the pool's free ones, as
+        # far as this manager has virtual pages to map them to.
+        free_mapped = sum(len(blocks) for blocks in self._page_free)
+        pages = self._pool.num_free + self._cache_only_pages_of_siblings()
+        mappable = min(pages, len(self._unmapped))
+        return needed <= free_mapped + len(self._lru) + mappable * self._k
 
     def _admit_one(self, prompt: list[int], salt: int):
         """Admit one prompt if it fits now.
@@ -548,6 +959,8 @@ class ReferenceBlockManager:
         for block in hits:  # claim the hits before allocating, so they are never evicted
             if self._ref[block] == 0:
                 del self._lru[block]
+                if self._pool is not None:  # its page holds a referenced block again
+                    self._cache_only.pop(block // self._k, None)
             self._ref[block] += 1
             self._table[slot].append(block)
         self._len[slot] = k * bs
@@ -615,6 +1028,11 @@ class ReferenceBlockManager:
         flat = tokens.tolist()
         prompts = [flat[bounds[i] : bounds[i + 1]] for i in range(len(lengths))]
         salts = salts.tolist()
+        return self._run(lambda: self._admit(prompts, salts, atomic), atomic)
+
+    def _admit(self, prompts: list[list[int]], salts: list[int], atomic: bool) -> AdmitResult:
+        """One attempt of :meth:`admit` on validated input (callbacks left pending)."""
+        self._begin_call()
         available = self._available()
         # NOTE: a prompt of n blocks with k hits (c of them cached) uses up n - k + c <= n of
         # ``free + cached``, so when the prompts' blocks sum to at most ``available`` the call
@@ -624,7 +1042,6 @@ class ReferenceBlockManager:
         tight = atomic and len(prompts) > 1 and total > available
         snap = self._snapshot() if tight else None
 
-        self._begin_call()
         ids = np.full(len(prompts), -1, dtype=np.int64)
         cached = np.zeros(len(prompts), dtype=np.int64)
         ok = np.zeros(len(prompts), dtype=bool)
@@ -640,7 +1057,6 @@ class ReferenceBlockManager:
                 )
                 if snap is not None:
                     self._restore(snap)
-                self._failed_calls += 1
                 raise PoolExhausted(needed, available)
             if served is None:
                 out.extend([-1] * len(prompt))
@@ -651,7 +1067,6 @@ class ReferenceBlockManager:
             needed_so_far += needed
         if not ok.all():
             self._failed_calls += 1
-        self._commit_call()
         return AdmitResult(
             ids=ids, num_cached_tokens=cached, slot_mapping=np.array(out, dtype=np.int64), ok=ok
         )
@@ -709,7 +1124,9 @@ class ReferenceBlockManager:
         InvalidSequence, SequenceReleased
         """
         ids = _as_int_array(ids, "ids")
-        for slot in self._resolve_all(ids, unique=True):
+        slots = self._resolve_all(ids, unique=True)
+        self._begin_call()
+        for slot in slots:
             for block in reversed(self._table[slot]):
                 self._drop_ref(block)
             self._live[slot] = False
@@ -717,6 +1134,26 @@ class ReferenceBlockManager:
             self._len[slot] = 0
             self._salt[slot] = 0
             self._slots.append(slot)
+        self._commit_call()  # pages that emptied: the pool's on_unmap
+
+    def trim(self) -> int:
+        """Evict the cached blocks of cache-only pages and unmap those pages.
+
+        Walks the cache-only list from its head (least recently stamped first); per page,
+        evicts its cached blocks in ascending block id (hash entry removed, reported to
+        ``on_evict``, payload scrubbed, counted) and gives the page back to the pool.
+
+        Returns
+        -------
+        int
+            Pages unmapped (0 without a page pool).
+        """
+        if self._pool is None:
+            return 0
+        self._begin_call()
+        count = self._give_up_pages(len(self._cache_only))
+        self._commit_call()
+        return count
 
     def block_tables(self, ids) -> np.ndarray:
         """Block tables of ``ids``, padded with -1.
@@ -766,21 +1203,69 @@ class ReferenceBlockManager:
         return np.array(flat[: self._len[slot]], dtype=np.int64)
 
     def free_blocks(self) -> list[int]:
-        """Free block ids in stack order, bottom to top (the last one is handed out next)."""
-        return list(self._free)
+        """Free block ids in stack order, bottom to top (the last one is handed out next).
+
+        With a page pool there is no single free stack: this returns the free lists of the
+        mapped pages (each bottom to top) concatenated in ascending virtual page order, which is
+        not a hand-out order (see :meth:`page_free_list`); blocks of unmapped pages are free
+        too but not listed.
+        """
+        if self._pool is None:
+            return list(self._free)
+        return [b for blocks in self._page_free for b in blocks]
 
     def lru_blocks(self) -> list[int]:
         """Cached block ids from the LRU head (evicted next) to the tail."""
         return list(self._lru)
 
+    def mapped_pages(self) -> np.ndarray:
+        """Physical pages this manager holds, in ascending virtual page order.
+
+        Returns
+        -------
+        numpy.ndarray of int64
+            Empty without a page pool.
+        """
+        return np.array([p for p in self._phys if p >= 0], dtype=np.int64)
+
+    def _check_page(self, v) -> int:
+        v = _as_int(v, "v")
+        if not 0 <= v < len(self._phys):
+            raise IndexError(f"virtual page {v} out of range 0..{len(self._phys) - 1}")
+        return v
+
+    def page_of_virtual(self, v: int) -> int:
+        """Physical page backing virtual page ``v``, -1 if it is unmapped."""
+        return self._phys[self._check_page(v)]
+
+    def page_free_list(self, v: int) -> list[int]:
+        """Free list of virtual page ``v``, bottom to top (``[]`` if unmapped or full)."""
+        return list(self._page_free[self._check_page(v)])
+
+    def unmapped_pages(self) -> list[int]:
+        """Unmapped virtual pages in stack order, bottom to top (the last one is mapped next)."""
+        return list(self._unmapped)
+
+    def bucket_pages(self, free_count: int) -> list[int]:
+        """Mapped virtual pages with ``free_count`` free blocks (1..k-1), front first."""
+        free_count = _as_int(free_count, "free_count")
+        if not 1 <= free_count < self._k:
+            raise IndexError(f"no bucket {free_count}; buckets are 1..{self._k - 1}")
+        return list(self._buckets[free_count])
+
+    def cache_only_pages(self) -> list[tuple[int, int]]:
+        """``(virtual page, stamp)`` of the cache-only pages, head (given up first) to tail."""
+        return list(self._cache_only.items())
+
     def stats(self) -> Stats:
-        """Counters and block census (``mapped_pages`` is always 0 in the model)."""
-        free, cached = len(self._free), len(self._lru)
+        """Counters and block census (``free`` includes the blocks of unmapped pages)."""
+        cached = len(self._lru)
+        used = sum(1 for r in self._ref if r)
         return Stats(
-            used=self._num_blocks - free - cached,
+            used=used,
             cached=cached,
-            free=free,
-            mapped_pages=0,
+            free=self._num_blocks - used - cached,
+            mapped_pages=len(self._phys) - len(self._unmapped),
             failed_calls=self._failed_calls,
             **self._counters,
         )
@@ -827,9 +1312,15 @@ class ReferenceBlockManager:
         for block in range(nb):
             if refs[block] != self._ref[block]:
                 fail(f"block {block}: refcount {self._ref[block]}, {refs[block]} references")
-        if len(set(self._free)) != len(self._free) or set(self._free) & set(self._lru):
+        free = list(self._free)
+        if self._pool is not None:
+            if self._free:
+                fail("a manager with a page pool uses its free stack")
+            free = [b for blocks in self._page_free for b in blocks]
+            free += [b for v in self._unmapped for b in self._page_blocks(v)]
+        if len(set(free)) != len(free) or set(free) & set(self._lru):
             fail("free stack holds a block twice or a cached block")
-        for block in self._free:
+        for block in free:
             if self._ref[block] or self._key[block] is not None:
                 fail(f"free block {block} is referenced or hashed")
             if any(t != -1 for t in self._tokens[block]):
@@ -838,8 +1329,10 @@ class ReferenceBlockManager:
             if self._ref[block] or not self._is_registered(block):
                 fail(f"cached block {block} is referenced or not registered")
         unused = sum(1 for r in self._ref if r == 0)
-        if unused != len(self._free) + len(self._lru):
-            fail(f"{unused} unreferenced blocks, {len(self._free) + len(self._lru)} free/cached")
+        if unused != len(free) + len(self._lru):
+            fail(f"{unused} unreferenced blocks, {len(free) + len(self._lru)} free/cached")
+        if self._pool is not None:
+            self._check_pages(fail)
         for block in range(nb):
             key = self._key[block]
             if key is None:
@@ -854,3 +1347,48 @@ class ReferenceBlockManager:
             fail(f"inconsistent counters {c}")
         if c["evictions"] > c["allocations"] or c["cow_copies"] > c["allocations"]:
             fail(f"inconsistent counters {c}")
+
+    def _check_pages(self, fail: Callable) -> None:
+        """Page invariants (the blocks themselves were checked by :meth:`check`)."""
+        k, pool = self._k, self._pool
+        num_pages = len(self._phys)
+        if len(set(self._unmapped)) != len(self._unmapped):
+            fail("a virtual page is on the unmapped stack twice")
+        if not set(self._unmapped) <= set(range(num_pages)):
+            fail("the unmapped stack holds a page out of range")
+        if self not in pool._managers:
+            fail("manager is not registered on its pool")
+        pool.check()
+        in_bucket: dict[int, int] = {}
+        for c in range(1, k):
+            for v in self._buckets[c]:
+                if v in in_bucket:
+                    fail(f"page {v} is in buckets {in_bucket[v]} and {c}")
+                in_bucket[v] = c
+        stamps = list(self._cache_only.values())
+        if stamps != sorted(set(stamps)) or (stamps and stamps[-1] > pool.clock):
+            fail(f"cache-only stamps {stamps} are not increasing up to the pool clock")
+        for v in range(num_pages):
+            physical, free = self._phys[v], self._page_free[v]
+            if v in self._unmapped:
+                if physical != -1 or free or v in in_bucket or v in self._cache_only:
+                    fail(f"unmapped page {v} is backed, has a free list or is listed")
+                if any(self._ref[b] or b in self._lru for b in self._page_blocks(v)):
+                    fail(f"unmapped page {v} holds a referenced or cached block")
+                continue
+            if physical < 0 or pool._owner.get(physical) != (self, v):
+                fail(f"page {v}: physical page {physical} is not owned by it in the pool")
+            used, cached = self._page_used(v), self._page_cached(v)
+            if sorted(free) != [
+                b for b in self._page_blocks(v) if not self._ref[b] and b not in self._lru
+            ]:
+                fail(f"page {v}: free list {free} does not hold exactly its free blocks")
+            if len(free) == k:
+                fail(f"page {v} is mapped with all {k} blocks free")
+            if in_bucket.get(v, 0) != len(free):
+                fail(f"page {v} with {len(free)} free blocks is in bucket {in_bucket.get(v)}")
+            if (v in self._cache_only) != (used == 0 and cached > 0):
+                fail(f"page {v} ({used} used, {cached} cached): wrong cache-only membership")
+        mine = sum(1 for manager, _ in pool._owner.values() if manager is self)
+        if mine != num_pages - len(self._unmapped):
+            fail(f"the pool records {mine} pages of this manager")
