@@ -28,7 +28,18 @@ SIGNATURES = {
     "k_block_tables": (_VEC,),
     "k_seq_lens": (_VEC,),
     "k_check": (),
+    # Managers on a page pool: the pool's arena is a third arena argument.
+    "k_append_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _INT),
+    "k_can_append_paged": (_VEC, _VEC),
+    "k_admit_paged": (_VEC, _VEC, _VEC, _BOOL),
+    "k_release_paged": (_VEC,),
+    "k_give_up": (_INT, _BOOL),
+    "k_commit_give_up": (),
+    "k_rollback_give_up": (),
+    "k_check_paged": (),
 }
+#: Kernels taking the page pool's arena after the manager's two.
+PAGED = frozenset(name for name in SIGNATURES if "paged" in name or "give_up" in name)
 
 
 def compiled(name: str):
@@ -42,11 +53,13 @@ def compiled(name: str):
     Returns
     -------
     callable
-        The compiled function; it takes the call's inputs followed by the two arenas.
+        The compiled function; it takes the call's inputs followed by the two arenas (and the
+        page pool's arena for the kernels of :data:`PAGED`).
     """
     dispatcher = getattr(entry, name)
     if config.DISABLE_JIT:  # kernels are plain Python functions (coverage runs)
         return dispatcher
-    signature = (*SIGNATURES[name], _ARENA, _ARENA)
+    arenas = 3 if name in PAGED else 2
+    signature = (*SIGNATURES[name], *(_ARENA,) * arenas)
     dispatcher.compile(signature)
     return dispatcher.overloads[signature].entry_point

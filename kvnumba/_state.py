@@ -37,7 +37,31 @@ M_PREFIX_CACHING = 12  # 1 if full blocks are hashed and cached
 M_HASH_BITS = 13  # bits kept of the 64-bit chained hash (fewer only to force collisions in tests)
 M_LIVE_SEQS = 14
 M_MAX_SEQ_LEN = 15
-META_SIZE = 16
+# Two-level allocation (all 0 without a page pool).
+M_PAGE_K = 16  # blocks per virtual page; 0 = no page pool (the free stack is used instead)
+M_FREE_MAPPED = 17  # free blocks of mapped pages
+M_VTOP = 18  # unmapped virtual pages on the page stack
+M_MAPPED = 19  # mapped virtual pages
+M_BUCKET_MIN = 20  # no bucket below this free count holds a page (a hint, may lag low)
+M_CO_HEAD = 21  # cache-only page list: least recently stamped page, or NIL
+M_CO_TAIL = 22
+M_CO_COUNT = 23  # pages on the cache-only list
+M_CLIENT = 24  # pool client token, pid and process start time: the owner record of a page
+M_PID = 25
+M_START = 26
+META_SIZE = 32
+
+# --- columns of ``pages`` (int32, one row per virtual page) ---------------------------------------
+PG_PHYS = 0  # physical page backing the virtual page, or NIL when unmapped
+PG_FREE = 1  # free blocks of a mapped page (0 when unmapped)
+PG_USED = 2  # blocks of the page with refcount >= 1
+PG_HEAD = 3  # top of the page's free-block list (linked through block_next), or NIL
+PG_BPREV = 4  # links of the bucket list of pages with PG_FREE free blocks
+PG_BNEXT = 5
+PG_CPREV = 6  # links of the cache-only page list
+PG_CNEXT = 7
+PG_VSTACK = 8  # row i of this column is entry i of the stack of unmapped virtual pages
+PG_COLS = 9
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
 S_LOG_N = 0  # undo-log entries written in this call
@@ -46,7 +70,10 @@ S_EV_N = 2  # evictions recorded in this call
 S_EV_PAYLOAD = 3  # 1 if evicted payloads are copied (on_evict set, or the call is logged)
 S_STAMP = 4  # call counter for duplicate-id detection through seq_mark
 S_FAILED = 5  # sequences or prompts of the current call that did not fit (non-atomic mode)
-SCR_SIZE = 8
+S_MAP_N = 6  # pages mapped in this call (records in map_rec)
+S_UNMAP_N = 7  # pages unmapped in this call (records in unmap_rec)
+S_SAVED_PAYLOAD = 8  # S_EV_PAYLOAD before a logged give-up switched it on
+SCR_SIZE = 16
 
 # Storage: all state arrays are views into one uint8 arena, and all per-call scratch arrays into
 # a second one. Kernel dispatch costs tens of nanoseconds per array argument, so every entry
@@ -54,12 +81,22 @@ SCR_SIZE = 8
 # at the cost of a few pointer computations. The arena starts with a header of HEADER_SLOTS
 # int64 per field: byte offset, byte size, first and second dimension (0 for 1-D fields).
 HEADER_SLOTS = 4
-MAX_FIELDS = 16
+MAX_FIELDS = 24
 HEADER_BYTES = 8 * HEADER_SLOTS * MAX_FIELDS
 _ALIGN = 64
 
 # Scratch fields, in arena order.
-SCRATCH_FIELDS = ("ulog", "ev_ids", "ev_hash", "ev_tok", "seq_mark", "scr", "meta_save")
+SCRATCH_FIELDS = (
+    "ulog",
+    "ev_ids",
+    "ev_hash",
+    "ev_tok",
+    "seq_mark",
+    "scr",
+    "meta_save",
+    "map_rec",
+    "unmap_rec",
+)
 
 
 class State(NamedTuple):
@@ -101,6 +138,16 @@ class State(NamedTuple):
         Free sequence slots; the first ``meta[M_SLOT_TOP]`` entries are live.
     meta : int64[META_SIZE]
         Counters, stack tops and list ends (see the ``M_*`` constants).
+    pages : int32[num_pages, PG_COLS]
+        Per virtual page (with a page pool; 0 rows without): physical page, free and
+        referenced block counts, free-list top, bucket and cache-only list links, and the
+        stack of unmapped virtual pages (see the ``PG_*`` constants).
+    page_stamp : int64[num_pages]
+        Pool clock tick at which a page became cache-only.
+    block_next : int32[num_blocks]
+        Next block of the same page's free list (with a page pool; empty without).
+    buckets : int32[blocks_per_page]
+        Front page of the bucket of mapped pages with ``c`` free blocks (index ``c``), or -1.
     """
 
     ref: np.ndarray
@@ -119,6 +166,10 @@ class State(NamedTuple):
     seq_live: np.ndarray
     slot_stack: np.ndarray
     meta: np.ndarray
+    pages: np.ndarray
+    page_stamp: np.ndarray
+    block_next: np.ndarray
+    buckets: np.ndarray
 
 
 def table_capacity(num_blocks: int) -> int:
@@ -158,6 +209,7 @@ def new_state(
     max_seq_len: int,
     prefix_caching: bool,
     hash_bits: int = 64,
+    blocks_per_page: int = 0,
 ) -> tuple[np.ndarray, State]:
     """Allocate the state arena of an empty manager.
 
@@ -169,6 +221,8 @@ def new_state(
         Whether full blocks are hashed and kept cached at refcount 0.
     hash_bits : int
         Bits of the chained hash to keep; 64 except in collision tests.
+    blocks_per_page : int
+        Blocks per virtual page with a page pool (dividing ``num_blocks``), 0 without one.
 
     Returns
     -------
@@ -178,7 +232,8 @@ def new_state(
         Writable views of its fields: every block free (popped in id order), every sequence
         slot free (popped in slot order).
     """
-    n, m = num_blocks, max_seqs
+    n, m, k = num_blocks, max_seqs, blocks_per_page
+    num_pages = n // k if k else 0
     arena, v = _arena(
         [
             ("ref", np.int32, (n,)),
@@ -197,6 +252,10 @@ def new_state(
             ("seq_live", np.uint8, (m,)),
             ("slot_stack", np.int32, (m,)),
             ("meta", np.int64, (META_SIZE,)),
+            ("pages", np.int32, (num_pages, PG_COLS)),
+            ("page_stamp", np.int64, (num_pages,)),
+            ("block_next", np.int32, (n if k else 0,)),
+            ("buckets", np.int32, (k,)),
         ]
     )
     state = State(**v)
@@ -215,10 +274,26 @@ def new_state(
     meta[M_PREFIX_CACHING] = 1 if prefix_caching else 0
     meta[M_HASH_BITS] = hash_bits
     meta[M_MAX_SEQ_LEN] = max_seq_len
+    if k:
+        # Every virtual page unmapped, popped in order 0, 1, ...; no block on the free stack.
+        state.pages[:] = NIL
+        state.pages[:, PG_FREE] = 0
+        state.pages[:, PG_USED] = 0
+        state.pages[:, PG_VSTACK] = np.arange(num_pages - 1, -1, -1)
+        state.block_next[:] = NIL
+        state.buckets[:] = NIL
+        meta[M_PAGE_K] = k
+        meta[M_FREE_TOP] = 0
+        meta[M_VTOP] = num_pages
+        meta[M_BUCKET_MIN] = k
+        meta[M_CO_HEAD] = NIL
+        meta[M_CO_TAIL] = NIL
     return arena, state
 
 
-def new_scratch(block_size: int, max_seqs: int, rows: int, log_rows: int, payload: bool):
+def new_scratch(
+    block_size: int, max_seqs: int, rows: int, log_rows: int, payload: bool, num_pages: int = 0
+):
     """Allocate the scratch arena (grown by the facade when a call needs more room).
 
     Parameters
@@ -231,6 +306,8 @@ def new_scratch(block_size: int, max_seqs: int, rows: int, log_rows: int, payloa
         Undo-log entries one call can hold.
     payload : bool
         Whether evicted payloads are copied (``on_evict`` set, or room for a logged call).
+    num_pages : int
+        Virtual pages (with a page pool): room for the pages one call maps and unmaps.
 
     Returns
     -------
@@ -247,5 +324,7 @@ def new_scratch(block_size: int, max_seqs: int, rows: int, log_rows: int, payloa
             ("seq_mark", np.int64, (max_seqs,)),
             ("scr", np.int64, (SCR_SIZE,)),
             ("meta_save", np.int64, (META_SIZE,)),
+            ("map_rec", np.int64, (num_pages, 2)),
+            ("unmap_rec", np.int64, (num_pages, 2)),
         ]
     )

@@ -17,14 +17,20 @@ from kvnumba._dispatch import compiled
 from kvnumba._inputs import index_array, positive_int
 from kvnumba._kernels.check import MESSAGES
 from kvnumba._kernels.sequences import SLOT_BITS, SLOT_MASK
-from kvnumba._kernels.undo import LOG_PER_BLOCK, LOG_PER_SEQUENCE
+from kvnumba._kernels.undo import (
+    LOG_PER_BLOCK,
+    LOG_PER_BLOCK_PAGED,
+    LOG_PER_PAGE,
+    LOG_PER_SEQUENCE,
+)
+from kvnumba._paged import PagedCalls
 from kvnumba._state import (
     M_ALLOCATIONS,
     M_CACHED,
     M_COW_COPIES,
     M_EVICTIONS,
-    M_FREE_TOP,
     M_LIVE_SEQS,
+    M_MAPPED,
     M_PREFIX_HITS,
     M_PREFIX_QUERIES,
     M_SLOT_TOP,
@@ -46,35 +52,48 @@ _new_admit_result = AdmitResult._make
 _KERNELS: dict = {}  # entry kernel name -> compiled entry point, shared by all managers
 
 
-def _bind_kernels(manager) -> None:
+def _bind_kernels(manager, paged: bool) -> None:
     """Give ``manager`` an attribute ``_<name>`` per entry kernel.
 
-    A kernel already loaded in this process is bound directly; any other is bound to a loader
-    that compiles it (or loads it from numba's cache) on first use and rebinds itself, so a
-    program pays only for the kernels it calls.
+    On a page pool, ``_<name>`` is the ``<name>_paged`` variant where one exists. A kernel
+    already loaded in this process is bound directly; any other is bound to a loader that
+    compiles it (or loads it from numba's cache) on first use and rebinds itself, so a program
+    pays only for the kernels it calls.
     """
     from kvnumba._dispatch import SIGNATURES
 
     for name in SIGNATURES:
-        setattr(manager, "_" + name, _KERNELS.get(name) or _loader(manager, name))
+        kernel = name + "_paged" if paged and name + "_paged" in SIGNATURES else name
+        attribute = "_" + name
+        setattr(manager, attribute, _KERNELS.get(kernel) or _loader(manager, kernel, attribute))
 
 
-def _loader(manager, name: str):
+def _loader(manager, name: str, attribute: str):
     def load(*args):
         kernel = _KERNELS.get(name)
         if kernel is None:
             kernel = _KERNELS[name] = compiled(name)
-        setattr(manager, "_" + name, kernel)
+        setattr(manager, attribute, kernel)
         return kernel(*args)
 
     return load
+
+
+def undo_log_rows(blocks: int, prompts: int, blocks_per_page: int, num_pages: int) -> int:
+    """Undo-log entries a logged call taking at most ``blocks`` blocks can write.
+
+    The same bound as the admit kernel's (``kernels/admit.py``).
+    """
+    per_block = LOG_PER_BLOCK_PAGED if blocks_per_page else LOG_PER_BLOCK
+    maps = min(num_pages, blocks)
+    return per_block * blocks + LOG_PER_SEQUENCE * prompts + (blocks_per_page + LOG_PER_PAGE) * maps
 
 
 DEFAULT_MAX_SEQS = 1024
 DEFAULT_MAX_SEQ_LEN = 32768
 
 
-class BlockManager:
+class BlockManager(PagedCalls):
     """A paged KV-cache block manager over a fixed pool of equal-size blocks.
 
     Parameters
@@ -95,9 +114,11 @@ class BlockManager:
         int64 ``(n, block_size)`` payload copy, called once per API call that reclaimed cached
         blocks, after the call committed.
     page_pool : PagePool, optional
-        Two-level allocation over a shared physical page pool (not available yet).
+        Two-level allocation: virtual page ``b // blocks_per_page`` of block ``b`` is backed by
+        a physical page of this pool while any of its blocks is referenced or cached
+        (``docs/design.md``, "the page policy").
     blocks_per_page : int, optional
-        Blocks per virtual page with ``page_pool``.
+        Blocks per virtual page; required with ``page_pool`` and must divide ``num_blocks``.
 
     Notes
     -----
@@ -127,8 +148,7 @@ class BlockManager:
         max_seq_len = positive_int(max_seq_len, "max_seq_len", geometry)
         if max(num_blocks, max_seqs, max_seq_len) >= 2**31 - 1:
             raise geometry("num_blocks, max_seqs and max_seq_len must be below 2**31 - 1")
-        if page_pool is not None or blocks_per_page is not None:
-            raise NotImplementedError("physical page pools are not implemented yet")
+        blocks_per_page = self._check_pages(num_blocks, page_pool, blocks_per_page)
         if on_evict is not None and not callable(on_evict):
             raise TypeError("on_evict must be callable")
         if not 0 <= _hash_bits <= 64:
@@ -148,7 +168,10 @@ class BlockManager:
             max_seq_len,
             self._prefix_caching,
             _hash_bits,
+            blocks_per_page,
         )
+        self._k = blocks_per_page
+        self._num_pages = num_blocks // blocks_per_page if blocks_per_page else 0
         self._new_scratch(rows=64, log_rows=64)
         views = []
         for array in self._s:
@@ -157,14 +180,15 @@ class BlockManager:
             views.append(view)
         self._views = State(*views)
         self._failed_calls = 0
-        _bind_kernels(self)
+        _bind_kernels(self, page_pool is not None)
+        self._attach_pool(page_pool)
 
     def _new_scratch(self, rows: int, log_rows: int, payload: bool = False) -> None:
         """(Re)allocate the scratch arena, keeping its control slots and duplicate marks."""
         old = getattr(self, "_x", None)
         payload = payload or self._on_evict is not None
         self._scratch, self._x = new_scratch(
-            self._block_size, self._max_seqs, rows, log_rows, payload
+            self._block_size, self._max_seqs, rows, log_rows, payload, self._num_pages
         )
         if old is None:
             self._x["scr"][S_EV_PAYLOAD] = 1 if self._on_evict is not None else 0
@@ -173,6 +197,9 @@ class BlockManager:
             self._x["seq_mark"][:] = old["seq_mark"]
         self._scr = self._x["scr"]
         self._args = (self._arena, self._scratch)
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            self._pargs = (self._arena, self._scratch, pool.arena)
 
     def _grow_records(self, evictions: int, blocks: int = 0, prompts: int = 0) -> None:
         """Grow the eviction records (and the undo log) so that a call of this size fits.
@@ -182,16 +209,19 @@ class BlockManager:
         """
         rows = max(2 * self._x["ev_ids"].shape[0], int(evictions))
         log_rows = max(
-            self._x["ulog"].shape[0], LOG_PER_BLOCK * int(blocks) + LOG_PER_SEQUENCE * int(prompts)
+            self._x["ulog"].shape[0],
+            undo_log_rows(int(blocks), int(prompts), self._k, self._num_pages),
         )
         self._new_scratch(rows, log_rows, payload=bool(blocks))
 
     def __repr__(self) -> str:
         meta = self._s.meta
+        used, cached = int(meta[M_USED]), int(meta[M_CACHED])
+        pages = f", mapped_pages={int(meta[M_MAPPED])}" if self._k else ""
         return (
             f"BlockManager(num_blocks={self._num_blocks}, block_size={self._block_size}, "
-            f"used={int(meta[M_USED])}, cached={int(meta[M_CACHED])}, "
-            f"free={int(meta[M_FREE_TOP])}, live_seqs={int(meta[M_LIVE_SEQS])})"
+            f"used={used}, cached={cached}, free={self._num_blocks - used - cached}, "
+            f"live_seqs={int(meta[M_LIVE_SEQS])}{pages})"
         )
 
     # ----------------------------------------------------------------------------- properties
@@ -305,6 +335,8 @@ class BlockManager:
             tokens_in, has_tokens = _NO_TOKENS, False
         else:
             tokens_in, has_tokens = index_array(tokens, "tokens"), True
+        if self._pool is not None:
+            return self._paged_append(ids, counts, tokens_in, has_tokens, _flag(atomic))
         while True:
             result = self._k_append(
                 ids, counts, tokens_in, has_tokens, _flag(atomic), self._max_seq_len, *self._args
@@ -357,6 +389,8 @@ class BlockManager:
                 raise ValueError(
                     f"salts has {salts.shape[0]} entries for {lengths.shape[0]} prompts"
                 )
+        if self._pool is not None:
+            return self._paged_admit(tokens_in, lengths, salts, _flag(atomic))
         while True:
             result = self._k_admit(tokens_in, lengths, salts, _flag(atomic), *self._args)
             status = result[0]
@@ -413,6 +447,9 @@ class BlockManager:
         every other block returns to the free list. The ids become invalid forever.
         """
         ids = index_array(ids, "ids")
+        if self._pool is not None:
+            self._paged_release(ids)
+            return
         status, bad = self._k_release(ids, *self._args)
         if status:
             self._raise(status, bad, ids)
@@ -437,10 +474,12 @@ class BlockManager:
         """Whether ``append(ids, counts, atomic=True)`` would succeed now (input validated)."""
         ids = index_array(ids, "ids")
         counts = index_array(counts, "counts")
-        status, bad, fits = self._k_can_append(ids, counts, *self._args)
+        if self._pool is not None:
+            return self._paged_can_append(ids, counts)
+        status, bad, need, available = self._k_can_append(ids, counts, *self._args)
         if status:
             self._raise(status, bad, ids, counts=counts)
-        return bool(fits)
+        return need <= available
 
     # ---------------------------------------------------------------------- single sequences
     def sequence(self):
@@ -466,23 +505,28 @@ class BlockManager:
         InvariantViolation
             Naming the first inconsistency found.
         """
-        code, a, b = self._k_check(*self._args)
+        if self._pool is not None:
+            with self._pool.lock():
+                code, a, b = self._k_check_paged(*self._pargs)
+        else:
+            code, a, b = self._k_check(*self._args)
         if code:
             raise E.InvariantViolation(MESSAGES[code].format(a=a, b=b))
 
     def stats(self) -> Stats:
         """Block counts and counters of committed work (see :class:`kvnumba.Stats`)."""
         meta = self._s.meta
+        used, cached = int(meta[M_USED]), int(meta[M_CACHED])
         return Stats(
-            used=int(meta[M_USED]),
-            cached=int(meta[M_CACHED]),
-            free=int(meta[M_FREE_TOP]),
+            used=used,
+            cached=cached,
+            free=self._num_blocks - used - cached,
             allocations=int(meta[M_ALLOCATIONS]),
             evictions=int(meta[M_EVICTIONS]),
             cow_copies=int(meta[M_COW_COPIES]),
             prefix_queries=int(meta[M_PREFIX_QUERIES]),
             prefix_hits=int(meta[M_PREFIX_HITS]),
-            mapped_pages=0,
+            mapped_pages=int(meta[M_MAPPED]),
             failed_calls=self._failed_calls,
         )
 
@@ -493,16 +537,16 @@ class BlockManager:
             raise E.InvalidPosition(f"block {block} is outside the pool of {self._num_blocks}")
         return int(self._s.ref[block])
 
-    def mapped_pages(self) -> np.ndarray:
-        """Physical page ids this manager holds (empty without a page pool)."""
-        return np.empty(0, dtype=np.int64)
-
     # ---------------------------------------------------------------------------- internals
     def _after_call(self) -> None:
         """Count a partial failure and deliver the eviction callback of a committed call."""
         scr = self._scr
         if scr[S_FAILED]:
             self._failed_calls += 1
+        self._deliver_evictions()
+
+    def _deliver_evictions(self) -> None:
+        scr = self._scr
         if self._on_evict is not None:
             n = int(scr[S_EV_N])
             if n:

@@ -253,6 +253,9 @@ class PagePool:
         self._num_pages = int(head[K.H_NUM_PAGES])
         self._me_cache: dict[tuple[int, int], np.ndarray] = {}
         self._closed = False
+        # Weak references to the BlockManagers of this process on this pool object, in
+        # registration order: the siblings that give up cache-only pages to a starving call.
+        self._managers: list = []
 
     @classmethod
     def shared(

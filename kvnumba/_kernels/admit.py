@@ -5,10 +5,13 @@ from numba import njit
 from kvnumba._kernels.append import append_tokens
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.lru import lru_unlink
+from kvnumba._kernels.paging import free_now, page_gain_ref
 from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
 from kvnumba._kernels.sequences import open_slot
 from kvnumba._kernels.undo import (
     LOG_PER_BLOCK,
+    LOG_PER_BLOCK_PAGED,
+    LOG_PER_PAGE,
     LOG_PER_SEQUENCE,
     U_REF,
     U_SEQLEN,
@@ -16,12 +19,12 @@ from kvnumba._kernels.undo import (
     log_write,
     rollback,
 )
-from kvnumba._kernels.views import unpack
+from kvnumba._kernels.views import unpack, unpack_pages
 from kvnumba._state import (
     M_CACHED,
-    M_FREE_TOP,
     M_HASH_BITS,
     M_MAX_SEQ_LEN,
+    M_PAGE_K,
     M_PREFIX_CACHING,
     M_PREFIX_HITS,
     M_PREFIX_QUERIES,
@@ -32,6 +35,8 @@ from kvnumba._state import (
     S_FAILED,
     S_LOG_N,
     S_LOG_ON,
+    S_MAP_N,
+    S_UNMAP_N,
 )
 from kvnumba.errors import (
     ST_BAD_LENGTH,
@@ -127,6 +132,7 @@ def run_admit(
     hits,
     arena,
     scratch,
+    pool,
 ):
     """Admit validated prompts; returns (status, failing prompt, needed, available, slots used).
 
@@ -140,15 +146,19 @@ def run_admit(
     num_prompts = lengths.shape[0]
     block_size = tokens.shape[1]
     width = seq_table.shape[1]
-    available = meta[M_FREE_TOP] + meta[M_CACHED]
+    paged = meta[M_PAGE_K] != 0
+    pages, page_stamp, block_next, buckets, _, _ = unpack_pages(arena, scratch)
+    free = free_now(meta, pool)
+    available = free + meta[M_CACHED]
     # Later prompts depend on what earlier ones did, so an atomic call of several prompts keeps
     # an undo log; any other call checks each prompt's exact need before it writes anything.
     # A call whose prompts' blocks all fit in what is available cannot fail: every prompt
     # consumes at most its blocks (new ones plus the cached hits it claims).
     logged = atomic and num_prompts > 1 and bound > available
-    evictions = min(bound, available) - meta[M_FREE_TOP]
+    evictions = min(bound, available) - free
     payload = logged or scr[S_EV_PAYLOAD] != 0
-    log_size = LOG_PER_BLOCK * bound + LOG_PER_SEQUENCE * num_prompts
+    log_size = (LOG_PER_BLOCK_PAGED if paged else LOG_PER_BLOCK) * bound
+    log_size += LOG_PER_SEQUENCE * num_prompts + LOG_PER_PAGE * pages.shape[0]
     if (
         evictions > ev_ids.shape[0]
         or (payload and evictions > ev_tok.shape[0])
@@ -164,6 +174,8 @@ def run_admit(
         scr[S_EV_PAYLOAD] = 1
     scr[S_EV_N] = 0
     scr[S_FAILED] = 0
+    scr[S_MAP_N] = 0
+    scr[S_UNMAP_N] = 0
     out = 0
     start = 0
     needed = 0
@@ -175,7 +187,7 @@ def run_admit(
             prompt, salt, hits, ref, block_hash, block_salt, tokens, htab, meta
         )
         need = blocks_of(length, block_size) - num_hits
-        if need > meta[M_FREE_TOP] + meta[M_CACHED] - cached_hits:
+        if need > free_now(meta, pool) + meta[M_CACHED] - cached_hits:
             if not atomic:
                 scr[S_FAILED] += 1
                 for j in range(length):
@@ -220,6 +232,11 @@ def run_admit(
                     scr,
                     meta_save,
                     ev_tok,
+                    pages,
+                    page_stamp,
+                    block_next,
+                    buckets,
+                    pool,
                 )
                 scr[S_EV_PAYLOAD] = saved_payload_flag
             for q in range(num_prompts):
@@ -237,6 +254,8 @@ def run_admit(
             if ref[b] == 0:
                 lru_unlink(b, lru_prev, lru_next, meta, ulog, scr)
                 meta[M_USED] += 1
+                if paged:
+                    page_gain_ref(b // meta[M_PAGE_K], pages, meta, ulog, scr)
             log_write(ulog, scr, U_REF, b, ref[b])
             ref[b] += 1
             log_write(ulog, scr, U_SEQTAB, slot * width + pos, seq_table[slot, pos])
@@ -273,9 +292,9 @@ def run_admit(
             meta,
             ulog,
             scr,
-            ev_ids,
-            ev_hash,
-            ev_tok,
+            arena,
+            scratch,
+            pool,
         )
         num_cached_tokens[p] = cached
         ok[p] = True

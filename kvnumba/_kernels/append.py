@@ -4,6 +4,7 @@ from numba import njit
 
 from kvnumba._kernels.blocks import register_full_block, take_block
 from kvnumba._kernels.geometry import blocks_of, div_block, mod_block
+from kvnumba._kernels.paging import free_now
 from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import U_FLAGS, U_REF, U_SEQLEN, U_SEQTAB, log_write
@@ -20,7 +21,9 @@ from kvnumba._state import (
     S_EV_PAYLOAD,
     S_FAILED,
     S_LOG_ON,
+    S_MAP_N,
     S_STAMP,
+    S_UNMAP_N,
 )
 from kvnumba.errors import (
     ST_BAD_TOKEN,
@@ -76,9 +79,9 @@ def append_tokens(
     meta,
     ulog,
     scr,
-    ev_ids,
-    ev_hash,
-    ev_tok,
+    arena,
+    scratch,
+    pool,
 ):
     """Append ``count`` tokens to one sequence whose need the caller has checked.
 
@@ -87,6 +90,9 @@ def append_tokens(
     """
     if count == 0:
         return num_cow
+    (_, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, ev_ids, ev_hash, ev_tok, _, _, _) = unpack(
+        arena, scratch
+    )
     block_size = tokens.shape[1]
     width = seq_table.shape[1]
     length = seq_len[slot]
@@ -112,6 +118,9 @@ def append_tokens(
                 ev_ids,
                 ev_hash,
                 ev_tok,
+                arena,
+                scratch,
+                pool,
             )
             for j in range(fill):
                 tokens[copy, j] = tokens[tail, j]
@@ -169,6 +178,9 @@ def append_tokens(
                 ev_ids,
                 ev_hash,
                 ev_tok,
+                arena,
+                scratch,
+                pool,
             )
             if logging:
                 log_write(ulog, scr, U_SEQTAB, slot * width + pos, seq_table[slot, pos])
@@ -270,12 +282,12 @@ def total_need(slots, counts, dropped, ref, block_size, seq_table, seq_len):
 
 
 @njit(cache=True, _nrt=False)
-def append_fits(slots, counts, dropped, arena, scratch):
-    """Whether an atomic append of the validated ``slots`` would succeed now."""
+def append_need(slots, counts, dropped, arena, scratch, pool):
+    """Blocks an atomic append of the validated ``slots`` takes, and what is available now."""
     (ref, _, _, _, _, _, _, tokens, _, seq_table, seq_len, _, _, _, _, meta, _, _, _, _, _, _,
      _) = unpack(arena, scratch)  # fmt: skip
     need = total_need(slots, counts, dropped, ref, tokens.shape[1], seq_table, seq_len)
-    return need <= meta[M_FREE_TOP] + meta[M_CACHED]
+    return need, free_now(meta, pool) + meta[M_CACHED]
 
 
 @njit(cache=True, _nrt=False)
@@ -292,6 +304,7 @@ def run_append(
     ok,
     arena,
     scratch,
+    pool,
 ):
     """Validate, then append; returns (status, bad index, needed, available, COW pairs).
 
@@ -306,7 +319,8 @@ def run_append(
     if status != ST_OK:
         return status, bad, 0, 0, 0
     block_size = tokens.shape[1]
-    available = meta[M_FREE_TOP] + meta[M_CACHED]
+    free = free_now(meta, pool)
+    available = free + meta[M_CACHED]
     # An upper bound on the need (new blocks plus one copy per sequence) reads no sequence
     # state; only a call that might not fit pays for the exact count.
     needed = 0
@@ -318,12 +332,14 @@ def run_append(
         if atomic and needed > available:
             return ST_POOL_EXHAUSTED, -1, needed, available, 0
     # Evictions happen only once the free stack is empty; the facade grows the record buffers.
-    evictions = min(needed, available) - meta[M_FREE_TOP]
+    evictions = min(needed, available) - free
     if evictions > ev_ids.shape[0] or (scr[S_EV_PAYLOAD] != 0 and evictions > ev_tok.shape[0]):
         return ST_NEED_BUFFERS, -1, evictions, available, 0
     num_cow = 0
     scr[S_EV_N] = 0
     scr[S_FAILED] = 0
+    scr[S_MAP_N] = 0
+    scr[S_UNMAP_N] = 0
     remaining = available
     offset = 0
     for i in range(slots.shape[0]):
@@ -359,9 +375,9 @@ def run_append(
                 meta,
                 ulog,
                 scr,
-                ev_ids,
-                ev_hash,
-                ev_tok,
+                arena,
+                scratch,
+                pool,
             )
             remaining -= need
             ok[i] = True

@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from kvnumba._kernels.admit import run_admit, validate_admit
-from kvnumba._kernels.append import append_fits, run_append, validate_growth
+from kvnumba._kernels.append import append_need, run_append, validate_growth
 from kvnumba._kernels.check import check_state
 from kvnumba._kernels.sequences import (
     fill_lens,
@@ -20,6 +20,7 @@ from kvnumba._kernels.sequences import (
     run_release,
     table_width,
 )
+from kvnumba._kernels.trim import commit_give_up, rollback_give_up, run_give_up
 from kvnumba.errors import ST_OK
 
 
@@ -30,9 +31,8 @@ def k_new_sequences(count, arena, scratch):
     return run_new_sequences(ids, arena, scratch), ids
 
 
-@njit(cache=True)
-def k_append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch):
-    """``append``: returns (status, bad, needed, available, slot_mapping, cow_src, cow_dst, ok)."""
+@njit(cache=True, inline="always")
+def _append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, pool):
     n = ids.shape[0]
     # Room for every token of a valid call. A count beyond max_seq_len (passed in by the
     # facade, which knows it) is rejected by the worker before anything is written, so clamping
@@ -59,25 +59,50 @@ def k_append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scr
         ok,
         arena,
         scratch,
+        pool,
     )
     return status, bad, needed, available, slot_mapping, cow_src[:num_cow], cow_dst[:num_cow], ok
 
 
 @njit(cache=True)
-def k_can_append(ids, counts, arena, scratch):
-    """``can_append``: returns (status, bad, fits)."""
+def k_append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch):
+    """``append``: returns (status, bad, needed, available, slot_mapping, cow_src, cow_dst, ok)."""
+    # Without a page pool the workers never read ``pool``: the scratch arena stands in for it.
+    return _append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, scratch)
+
+
+@njit(cache=True)
+def k_append_paged(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, pool):
+    """``append`` of a manager on the page pool whose arena is ``pool``."""
+    return _append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, pool)
+
+
+@njit(cache=True, inline="always")
+def _append_need(ids, counts, arena, scratch, pool):
     slots = np.empty(ids.shape[0], dtype=np.int64)
     no_tokens = np.empty(0, dtype=np.int64)
     status, bad, _ = validate_growth(ids, counts, no_tokens, False, slots, arena, scratch)
     if status != ST_OK:
-        return status, bad, False
+        return status, bad, 0, 0
     dropped = np.empty(ids.shape[0], dtype=np.int32)
-    return ST_OK, -1, append_fits(slots, counts, dropped, arena, scratch)
+    need, available = append_need(slots, counts, dropped, arena, scratch, pool)
+    return ST_OK, -1, need, available
 
 
 @njit(cache=True)
-def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
-    """``admit``: returns (status, bad, needed, available, ids, num_cached_tokens, slots, ok)."""
+def k_can_append(ids, counts, arena, scratch):
+    """``can_append``: returns (status, bad, blocks needed, blocks available)."""
+    return _append_need(ids, counts, arena, scratch, scratch)
+
+
+@njit(cache=True)
+def k_can_append_paged(ids, counts, arena, scratch, pool):
+    """``can_append`` of a manager on a page pool."""
+    return _append_need(ids, counts, arena, scratch, pool)
+
+
+@njit(cache=True, inline="always")
+def _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool):
     num_prompts = lengths.shape[0]
     ids = np.full(num_prompts, -1, dtype=np.int64)
     num_cached_tokens = np.zeros(num_prompts, dtype=np.int64)
@@ -100,8 +125,21 @@ def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
         hits,
         arena,
         scratch,
+        pool,
     )
     return status, bad, needed, available, ids, num_cached_tokens, slot_mapping[:used], ok
+
+
+@njit(cache=True)
+def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
+    """``admit``: returns (status, bad, needed, available, ids, num_cached_tokens, slots, ok)."""
+    return _admit(tokens_in, lengths, salts, atomic, arena, scratch, scratch)
+
+
+@njit(cache=True)
+def k_admit_paged(tokens_in, lengths, salts, atomic, arena, scratch, pool):
+    """``admit`` of a manager on a page pool."""
+    return _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool)
 
 
 @njit(cache=True)
@@ -115,14 +153,43 @@ def k_fork(ids, n, arena, scratch):
     return run_fork(slots, children, arena, scratch), -1, children
 
 
-@njit(cache=True)
-def k_release(ids, arena, scratch):
-    """``release``: returns (status, bad)."""
+@njit(cache=True, inline="always")
+def _release(ids, arena, scratch, pool):
     slots = np.empty(ids.shape[0], dtype=np.int64)
     status, bad = resolve_ids(ids, True, slots, arena, scratch)
     if status == ST_OK:
-        run_release(slots, arena, scratch)
+        run_release(slots, arena, scratch, pool)
     return status, bad
+
+
+@njit(cache=True)
+def k_release(ids, arena, scratch):
+    """``release``: returns (status, bad)."""
+    return _release(ids, arena, scratch, scratch)
+
+
+@njit(cache=True)
+def k_release_paged(ids, arena, scratch, pool):
+    """``release`` of a manager on a page pool."""
+    return _release(ids, arena, scratch, pool)
+
+
+@njit(cache=True)
+def k_give_up(max_pages, logged, arena, scratch, pool):
+    """``trim`` (``logged`` False) or a sibling's give-up: returns the pages unmapped."""
+    return run_give_up(max_pages, logged, arena, scratch, pool)
+
+
+@njit(cache=True)
+def k_commit_give_up(arena, scratch, pool):
+    """Commit a logged give-up."""
+    commit_give_up(arena, scratch)
+
+
+@njit(cache=True)
+def k_rollback_give_up(arena, scratch, pool):
+    """Roll a logged give-up back."""
+    rollback_give_up(arena, scratch, pool)
 
 
 @njit(cache=True)
@@ -151,4 +218,10 @@ def k_seq_lens(ids, arena, scratch):
 @njit(cache=True)
 def k_check(arena, scratch):
     """``check``: returns (0, 0, 0) or the first violation as (code, a, b)."""
-    return check_state(arena, scratch)
+    return check_state(arena, scratch, scratch)
+
+
+@njit(cache=True)
+def k_check_paged(arena, scratch, pool):
+    """``check`` of a manager on a page pool (its pages against the pool's owner records)."""
+    return check_state(arena, scratch, pool)

@@ -10,7 +10,7 @@ from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.undo import U_SEQGEN, U_SEQLEN, U_SEQLIVE, U_SEQSALT, log_write
 from kvnumba._kernels.views import unpack
-from kvnumba._state import M_LIVE_SEQS, M_SLOT_TOP, NIL, S_STAMP
+from kvnumba._state import M_LIVE_SEQS, M_SLOT_TOP, NIL, S_STAMP, S_UNMAP_N
 from kvnumba.errors import (
     ST_DUPLICATE_ID,
     ST_OK,
@@ -93,11 +93,12 @@ def run_new_sequences(ids, arena, scratch):
 
 
 @njit(cache=True, _nrt=False)
-def run_release(slots, arena, scratch):
+def run_release(slots, arena, scratch, pool):
     """Release the sequences of ``slots`` (validated), each tail block first."""
     (ref, lru_prev, lru_next, free_stack, _, _, block_flags, tokens, _, seq_table, seq_len, _,
      seq_salt, seq_live, slot_stack, meta, ulog, _, _, _, _, scr, _) = unpack(arena, scratch)  # fmt: skip
     block_size = tokens.shape[1]
+    scr[S_UNMAP_N] = 0
     for i in range(slots.shape[0]):
         slot = slots[i]
         for pos in range(blocks_of(seq_len[slot], block_size) - 1, -1, -1):
@@ -112,6 +113,9 @@ def run_release(slots, arena, scratch):
                 meta,
                 ulog,
                 scr,
+                arena,
+                scratch,
+                pool,
             )
             seq_table[slot, pos] = NIL
         seq_len[slot] = 0

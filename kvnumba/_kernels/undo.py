@@ -9,7 +9,16 @@ need no entries.
 import numpy as np
 from numba import njit
 
-from kvnumba._state import S_EV_N, S_LOG_N, S_LOG_ON
+from kvnumba._kernels.pool import pool_give, pool_take, pool_views
+from kvnumba._state import (
+    M_CLIENT,
+    PG_COLS,
+    S_EV_N,
+    S_LOG_N,
+    S_LOG_ON,
+    S_MAP_N,
+    S_UNMAP_N,
+)
 
 # Field codes of log entries: (code, index, old value).
 U_REF = 0
@@ -27,6 +36,14 @@ U_SEQGEN = 10
 U_SEQSALT = 11
 U_SEQLIVE = 12
 U_HASH_LOW = 13
+U_PAGE = 14  # index = virtual page * PG_COLS + column of ``pages``
+U_BNEXT = 15  # block_next
+U_BUCKET = 16  # buckets
+U_POOL_TAKE = 17  # index = physical page taken from the pool: undone by giving it back
+U_POOL_GIVE = 18  # index = physical page given back, old = its virtual page: undone by a take
+U_POOLHEAD = 19  # a counter slot of the pool's head
+U_STAMP = 20  # page_stamp
+U_POOLFREE = 21  # a slot of the pool's free stack, overwritten when a page is given back
 _LOW = np.uint64(0xFFFFFFFF)
 _HIGH = np.uint64(0xFFFFFFFF00000000)
 _HALF = np.uint64(32)
@@ -34,6 +51,10 @@ _HALF = np.uint64(32)
 # Upper bounds of log entries a logged call writes, used to size the log before the call.
 LOG_PER_BLOCK = 14  # take 3 + evict 3 + table entry 1 + registration 6, with room to spare
 LOG_PER_SEQUENCE = 8
+# With a page pool a take also moves its page between buckets, pops the page's free list and
+# may leave the cache-only list (at most 16 more), and a mapped page initialises its free list.
+LOG_PER_BLOCK_PAGED = LOG_PER_BLOCK + 20
+LOG_PER_PAGE = 16
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -67,8 +88,17 @@ def rollback(
     scr,
     meta_save,
     ev_tok,
+    pages,
+    page_stamp,
+    block_next,
+    buckets,
+    pool,
 ):
-    """Replay the undo log backwards and restore ``meta``; ends the logged call."""
+    """Replay the undo log backwards and restore ``meta``; ends the logged call.
+
+    Pool entries are replayed in reverse order too, so the pool's free stack and owner records
+    come back byte for byte (``pool`` is only read when the log holds pool entries).
+    """
     width = seq_table.shape[1]
     for k in range(scr[S_LOG_N] - 1, -1, -1):
         code = ulog[k, 0]
@@ -104,10 +134,31 @@ def rollback(
             seq_gen[i] = old
         elif code == U_SEQSALT:
             seq_salt[i] = old
-        else:
+        elif code == U_SEQLIVE:
             seq_live[i] = old
+        elif code == U_PAGE:
+            pages[i // PG_COLS, i % PG_COLS] = old
+        elif code == U_BNEXT:
+            block_next[i] = old
+        elif code == U_BUCKET:
+            buckets[i] = old
+        elif code == U_STAMP:
+            page_stamp[i] = old
+        else:
+            head, free, owner = pool_views(pool)
+            if code == U_POOL_TAKE:
+                pool_give(head, free, owner, i)
+            elif code == U_POOL_GIVE:
+                # The page went on top of the free stack and everything above it was undone.
+                pool_take(head, free, owner, meta_save[M_CLIENT : M_CLIENT + 3], old)
+            elif code == U_POOLFREE:
+                free[i] = old
+            else:
+                head[i] = old
     for j in range(meta.shape[0]):
         meta[j] = meta_save[j]
     scr[S_LOG_N] = 0
     scr[S_LOG_ON] = 0
     scr[S_EV_N] = 0
+    scr[S_MAP_N] = 0
+    scr[S_UNMAP_N] = 0

@@ -51,3 +51,19 @@ def unpack(arena, scratch):
         _field(scratch, g, 5).view(np.int64),  # scr
         _field(scratch, g, 6).view(np.int64),  # meta_save
     )
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def unpack_pages(arena, scratch):
+    """Views of the page-pool fields: ``pages, page_stamp, block_next, buckets, map_rec,
+    unmap_rec`` (empty without a page pool)."""
+    h = arena[:HEADER_BYTES].view(np.int64)
+    g = scratch[:HEADER_BYTES].view(np.int64)
+    return (
+        _field(arena, h, 16).view(np.int32).reshape(_shape(h, 16)),  # pages
+        _field(arena, h, 17).view(np.int64),  # page_stamp
+        _field(arena, h, 18).view(np.int32),  # block_next
+        _field(arena, h, 19).view(np.int32),  # buckets
+        _field(scratch, g, 7).view(np.int64).reshape(_shape(g, 7)),  # map_rec
+        _field(scratch, g, 8).view(np.int64).reshape(_shape(g, 8)),  # unmap_rec
+    )

@@ -1,0 +1,289 @@
+"""The page-pool side of ``BlockManager``: locking, sibling reclaim, ``trim`` and page callbacks.
+
+A manager on a :class:`kvnumba.PagePool` runs its allocating calls through the ``*_paged``
+kernels, which take the pool's arena as a third argument, and holds the pool's lock for the
+whole call (so the free pages seen at call start stay free until it ends). An atomic call that
+finds the pool empty first frees the pages of dead processes, then asks the other managers
+registered on the same pool object for cache-only pages, and is retried once; the siblings'
+give-ups are rolled back if the retry fails too. ``docs/design.md`` states the policy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import weakref
+
+import numpy as np
+
+from kvnumba import errors as E
+from kvnumba._kernels.undo import LOG_PER_BLOCK, LOG_PER_PAGE
+from kvnumba._state import (
+    M_CACHED,
+    M_CLIENT,
+    M_CO_COUNT,
+    M_CO_HEAD,
+    M_PID,
+    M_START,
+    M_VTOP,
+    NIL,
+    PG_CNEXT,
+    PG_PHYS,
+    S_FAILED,
+    S_MAP_N,
+    S_UNMAP_N,
+)
+from kvnumba.results import AdmitResult, AppendResult
+
+
+class PagedCalls:
+    """Mixin of :class:`kvnumba.BlockManager` for managers on a page pool."""
+
+    _pool = None
+
+    # ------------------------------------------------------------------------- construction
+    @staticmethod
+    def _check_pages(num_blocks: int, page_pool, blocks_per_page) -> int:
+        """Validate the page geometry; returns ``blocks_per_page`` (0 without a pool)."""
+        from kvnumba._inputs import positive_int
+        from kvnumba.pages import PagePool
+
+        if page_pool is None and blocks_per_page is None:
+            return 0
+        if page_pool is None or blocks_per_page is None:
+            raise E.InvalidGeometry("page_pool and blocks_per_page go together")
+        if not isinstance(page_pool, PagePool):
+            raise TypeError(f"page_pool must be a kvnumba.PagePool, got {type(page_pool).__name__}")
+        k = positive_int(blocks_per_page, "blocks_per_page", E.InvalidGeometry)
+        if num_blocks % k:
+            raise E.InvalidGeometry(f"blocks_per_page={k} does not divide num_blocks={num_blocks}")
+        return k
+
+    def _attach_pool(self, pool) -> None:
+        """Register with ``pool`` as a client and as a sibling of its other managers."""
+        self._pool = pool
+        if pool is None:
+            return
+        client = pool.register_client()
+        me = pool.identity(client)
+        meta = self._s.meta
+        meta[M_CLIENT], meta[M_PID], meta[M_START] = me
+        self._client = client
+        self._pargs = (self._arena, self._scratch, pool.arena)
+        pool._managers.append(weakref.ref(self))
+
+    @property
+    def page_pool(self):
+        """The :class:`kvnumba.PagePool` this manager maps its pages from, or ``None``."""
+        return self._pool
+
+    @property
+    def blocks_per_page(self) -> int | None:
+        """Blocks per virtual page (``None`` without a page pool)."""
+        return self._k or None
+
+    # ----------------------------------------------------------------------------- the calls
+    def _paged_append(self, ids, counts, tokens_in, has_tokens, atomic) -> AppendResult:
+        def run():
+            while True:
+                result = self._k_append(
+                    ids, counts, tokens_in, has_tokens, atomic, self._max_seq_len, *self._pargs
+                )
+                if result[0] != E.ST_NEED_BUFFERS:
+                    return result
+                self._grow_records(result[2])
+
+        result, givers = self._run_with_reclaim(run, atomic)
+        if result[0]:
+            self._raise(
+                result[0], result[1], ids, counts=counts, needed=result[2], available=result[3]
+            )
+        self._after_paged_call(givers)
+        return AppendResult._make((result[4], result[5], result[6], result[7]))
+
+    def _paged_admit(self, tokens_in, lengths, salts, atomic) -> AdmitResult:
+        def run():
+            while True:
+                result = self._k_admit(tokens_in, lengths, salts, atomic, *self._pargs)
+                if result[0] != E.ST_NEED_BUFFERS:
+                    return result
+                blocks = min(result[2], self._num_blocks)
+                self._grow_records(blocks, result[2], lengths.shape[0])
+
+        result, givers = self._run_with_reclaim(run, atomic)
+        if result[0]:
+            self._raise(
+                result[0],
+                result[1],
+                None,
+                lengths=lengths,
+                tokens=tokens_in,
+                needed=result[2],
+                available=result[3],
+            )
+        self._after_paged_call(givers)
+        return AdmitResult._make((result[4], result[5], result[6], result[7]))
+
+    def _paged_release(self, ids) -> None:
+        with self._pool.lock():
+            status, bad = self._k_release(ids, *self._pargs)
+        if status:
+            self._raise(status, bad, ids)
+        self._deliver_pages(mapped=False)
+
+    def _paged_can_append(self, ids, counts) -> bool:
+        with self._pool.lock():
+            status, bad, need, available = self._k_can_append(ids, counts, *self._pargs)
+            if status:
+                self._raise(status, bad, ids, counts=counts)
+            if need <= available:
+                return True
+            # What sibling reclaim could add: whole pages, up to the unmapped virtual pages.
+            free_pages = self._pool.num_free
+            vtop = int(self._s.meta[M_VTOP])
+            extra = sum(int(m._s.meta[M_CO_COUNT]) for m in self._siblings())
+            gained = min(free_pages + extra, vtop) - min(free_pages, vtop)
+            return need <= available + gained * self._k
+
+    def trim(self) -> int:
+        """Give every cache-only page back to the page pool.
+
+        A cache-only page holds cached blocks but no referenced one; its cached blocks are
+        evicted (``on_evict``) and the page unmapped (the pool's ``on_unmap``). A no-op without
+        a page pool.
+
+        Returns
+        -------
+        int
+            Pages unmapped.
+        """
+        if self._pool is None:
+            return 0
+        with self._pool.lock():
+            self._ensure_records(int(self._s.meta[M_CACHED]))
+            done = self._k_give_up(self._num_pages, False, *self._pargs)
+        self._deliver_evictions()
+        self._deliver_pages(mapped=False)
+        return int(done)
+
+    def mapped_pages(self) -> np.ndarray:
+        """Physical page ids this manager holds, in virtual page order (empty without a pool).
+
+        Returns
+        -------
+        numpy.ndarray of int64
+        """
+        if self._pool is None:
+            return np.empty(0, dtype=np.int64)
+        phys = self._s.pages[:, PG_PHYS]
+        return phys[phys != NIL].astype(np.int64)
+
+    # ------------------------------------------------------------------------ sibling reclaim
+    def _siblings(self) -> list:
+        """Other live managers registered on this manager's pool object, in registration order."""
+        alive = []
+        for ref in self._pool._managers:
+            manager = ref()
+            if manager is not None and manager is not self:
+                alive.append(manager)
+        return alive
+
+    def _run_with_reclaim(self, run, atomic):
+        """Run an allocating call under the pool lock; on exhaustion reclaim pages and retry.
+
+        Returns the kernel's result and the siblings whose give-ups the call committed.
+        """
+        pool = self._pool
+        with pool.lock():
+            result = run()
+            if result[0] != E.ST_POOL_EXHAUSTED or not atomic:
+                return result, ()
+            if pool.num_free < int(self._s.meta[M_VTOP]) and pool.reclaim_dead() > 0:
+                result = run()
+                if result[0] != E.ST_POOL_EXHAUSTED:
+                    return result, ()
+            givers = self._ask_siblings(int(result[2]), int(result[3]))
+            if not givers:
+                return result, ()
+            retry = run()
+            if retry[0] == E.ST_POOL_EXHAUSTED:
+                for sibling in reversed(givers):
+                    sibling._k_rollback_give_up(*sibling._pargs)
+                return result, ()
+            for sibling in givers:
+                sibling._k_commit_give_up(*sibling._pargs)
+            return retry, givers
+
+    def _ask_siblings(self, needed: int, available: int) -> list:
+        """Have siblings give up the cache-only pages this call lacks, oldest first (logged).
+
+        Returns the siblings that gave pages, in registration order; none if they cannot cover
+        the shortfall or this manager has too few unmapped virtual pages to use the pages.
+        """
+        wanted = -(-(needed - available) // self._k)
+        if wanted <= 0 or self._pool.num_free + wanted > int(self._s.meta[M_VTOP]):
+            return []
+        siblings = self._siblings()
+        if sum(int(m._s.meta[M_CO_COUNT]) for m in siblings) < wanted:
+            return []
+        # Merge the siblings' cache-only lists (each already in stamp order) by stamp.
+        lists = [
+            [(int(m._s.page_stamp[v]), i) for v in m._cache_only_pages(wanted)]
+            for i, m in enumerate(siblings)
+        ]
+        shares = [0] * len(siblings)
+        for _, i in itertools.islice(heapq.merge(*lists), wanted):
+            shares[i] += 1
+        givers = []
+        for share, sibling in zip(shares, siblings, strict=True):
+            if share:
+                sibling._ensure_records(share * self._k, logged_pages=share)
+                sibling._k_give_up(share, True, *sibling._pargs)
+                givers.append(sibling)
+        return givers
+
+    def _cache_only_pages(self, limit: int) -> list[int]:
+        """The first ``limit`` pages of the cache-only list (a walk of at most ``limit``)."""
+        pages = self._s.pages
+        out = []
+        v = int(self._s.meta[M_CO_HEAD])
+        while v != NIL and len(out) < limit:
+            out.append(v)
+            v = int(pages[v, PG_CNEXT])
+        return out
+
+    def _ensure_records(self, evictions: int, logged_pages: int = 0) -> None:
+        """Grow the scratch so that a give-up evicting ``evictions`` blocks fits."""
+        x = self._x
+        rows = x["ev_ids"].shape[0]
+        log_needed = logged_pages * (LOG_PER_PAGE + LOG_PER_BLOCK * self._k)
+        payload = logged_pages > 0 or self._on_evict is not None
+        if (
+            evictions > rows
+            or (payload and evictions > x["ev_tok"].shape[0])
+            or log_needed > x["ulog"].shape[0]
+        ):
+            self._new_scratch(
+                max(rows, evictions), max(x["ulog"].shape[0], log_needed), payload=payload
+            )
+
+    # ------------------------------------------------------------------------------ callbacks
+    def _after_paged_call(self, givers) -> None:
+        """Callbacks of a committed call: the siblings' give-ups first, then this manager's."""
+        for sibling in givers:
+            sibling._deliver_evictions()
+            sibling._deliver_pages(mapped=False)
+        if self._scr[S_FAILED]:
+            self._failed_calls += 1
+        self._deliver_evictions()
+        self._deliver_pages(mapped=True)
+
+    def _deliver_pages(self, mapped: bool) -> None:
+        """Hand this call's unmapped (then, if ``mapped``, mapped) pages to the pool's hooks."""
+        pool = self._pool
+        if pool.on_map is None and pool.on_unmap is None:
+            return
+        x, scr = self._x, self._scr
+        unmapped = x["unmap_rec"][: int(scr[S_UNMAP_N])]
+        maps = x["map_rec"][: int(scr[S_MAP_N])] if mapped else x["map_rec"][:0]
+        pool.deliver(unmapped=(unmapped[:, 0], unmapped[:, 1]), mapped=(maps[:, 0], maps[:, 1]))
