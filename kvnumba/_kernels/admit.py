@@ -157,8 +157,11 @@ def run_admit(
     logged = atomic and num_prompts > 1 and bound > available
     evictions = min(bound, available) - free
     payload = logged or scr[S_EV_PAYLOAD] != 0
+    # The same bound as the facade's (manager.undo_log_rows): a page mapped by the call writes
+    # its free list (k entries) and a few page fields.
     log_size = (LOG_PER_BLOCK_PAGED if paged else LOG_PER_BLOCK) * bound
-    log_size += LOG_PER_SEQUENCE * num_prompts + LOG_PER_PAGE * pages.shape[0]
+    log_size += LOG_PER_SEQUENCE * num_prompts
+    log_size += (meta[M_PAGE_K] + LOG_PER_PAGE) * min(pages.shape[0], bound)
     if (
         evictions > ev_ids.shape[0]
         or (payload and evictions > ev_tok.shape[0])

@@ -1,0 +1,227 @@
+"""Two managers on one page pool: kernels against the reference model, step by step.
+
+A pool smaller than what the two managers could use together makes page misses, cache-only
+pages, sibling reclaim and unmapping frequent. After every step both sides agree on block
+tables, page mappings, the pool's free stack, counters and every callback, and both pass
+``check()``; every failed call leaves both managers and the pool byte-identical.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+import kvnumba
+from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
+
+TOKENS = st.integers(0, 2)
+WHO = st.sampled_from([0, 1])
+
+
+class Recorder:
+    """Callbacks of one side, in the order they fire."""
+
+    def __init__(self):
+        self.calls = []
+
+    def hook(self, name):
+        def record(*arrays):
+            assert all(a.dtype in (np.int64, np.uint64) for a in arrays)
+            # on_evict: ids and payload (the two sides hash differently); on_(un)map: pages.
+            kept = (arrays[0], arrays[2]) if len(arrays) == 3 else arrays
+            self.calls.append((name, *(a.tolist() for a in kept)))
+
+        return record
+
+
+class PagesVersusReference(RuleBasedStateMachine):
+    @initialize(
+        blocks_per_page=st.integers(1, 4),
+        pages_per_manager=st.integers(2, 5),
+        pool_pages=st.integers(2, 6),
+        block_size=st.sampled_from([1, 2, 3]),
+    )
+    def setup(self, blocks_per_page, pages_per_manager, pool_pages, block_size):
+        self.kv_hooks, self.ref_hooks = Recorder(), Recorder()
+        self.kv_pool = kvnumba.PagePool(
+            pool_pages, on_map=self.kv_hooks.hook("map"), on_unmap=self.kv_hooks.hook("unmap")
+        )
+        self.ref_pool = ReferencePagePool(
+            pool_pages, on_map=self.ref_hooks.hook("map"), on_unmap=self.ref_hooks.hook("unmap")
+        )
+        geometry = dict(max_seqs=8, max_seq_len=6 * block_size + 2, blocks_per_page=blocks_per_page)
+        num_blocks = blocks_per_page * pages_per_manager
+        self.kv, self.ref = [], []
+        for who in range(2):
+            self.kv.append(
+                kvnumba.BlockManager(
+                    num_blocks,
+                    block_size,
+                    page_pool=self.kv_pool,
+                    on_evict=self.kv_hooks.hook(f"evict{who}"),
+                    **geometry,
+                )
+            )
+            self.ref.append(
+                ReferenceBlockManager(
+                    num_blocks,
+                    block_size,
+                    page_pool=self.ref_pool,
+                    on_evict=self.ref_hooks.hook(f"evict{who}"),
+                    **geometry,
+                )
+            )
+        self.live = [[], []]
+
+    # -------------------------------------------------------------------------------- helpers
+    def snapshots(self):
+        return [self.kv_pool.snapshot(), *(m.snapshot() for m in self.kv)]
+
+    def both(self, who, call, *args, **kwargs):
+        """Run one call on manager ``who`` of both sides; they must agree on the outcome."""
+        before = self.snapshots()
+        sibling_pages = self.kv[1 - who].stats().mapped_pages
+        outcome = []
+        for mgr in (self.kv[who], self.ref[who]):
+            try:
+                outcome.append(("ok", getattr(mgr, call)(*args, **kwargs)))
+            except kvnumba.KVNumbaError as exc:
+                outcome.append(("error", exc))
+        (kv_kind, kv_value), (ref_kind, ref_value) = outcome
+        assert kv_kind == ref_kind, f"{call}: kernels {kv_value!r} vs reference {ref_value!r}"
+        if kv_kind == "error":
+            event(f"{call} raised {type(kv_value).__name__}")
+            assert type(kv_value) is type(ref_value)
+            if isinstance(kv_value, kvnumba.PoolExhausted):
+                assert (kv_value.needed, kv_value.available) == (
+                    ref_value.needed,
+                    ref_value.available,
+                )
+            for x, y in zip(before, self.snapshots(), strict=True):
+                for name, a, b in zip(x._fields, x, y, strict=True):
+                    assert np.array_equal(a, b), f"{name} changed by a failed {call}"
+            return None, None
+        if call in ("append", "admit") and self.kv[1 - who].stats().mapped_pages < sibling_pages:
+            event("the sibling gave up cache-only pages")
+        return kv_value, ref_value
+
+    def pick(self, data, who):
+        if not self.live[who]:
+            return []
+        return data.draw(st.lists(st.sampled_from(self.live[who]), max_size=3, unique=True))
+
+    # ---------------------------------------------------------------------------------- rules
+    @rule(who=WHO, count=st.integers(1, 2))
+    def new_sequences(self, who, count):
+        kv, ref = self.both(who, "new_sequences", count)
+        if kv is not None:
+            assert kv.tolist() == ref.tolist()
+            self.live[who] += kv.tolist()
+
+    @rule(who=WHO, data=st.data(), with_tokens=st.booleans(), atomic=st.booleans())
+    def append(self, who, data, with_tokens, atomic):
+        ids = self.pick(data, who)
+        counts = data.draw(st.lists(st.integers(0, 5), min_size=len(ids), max_size=len(ids)))
+        tokens = data.draw(st.lists(TOKENS, min_size=sum(counts), max_size=sum(counts)))
+        kv, ref = self.both(
+            who, "append", ids, counts, tokens if with_tokens else None, atomic=atomic
+        )
+        if kv is not None:
+            for field in kv._fields:
+                assert np.array_equal(getattr(kv, field), getattr(ref, field)), field
+
+    @rule(who=WHO, data=st.data(), atomic=st.booleans())
+    def admit(self, who, data, atomic):
+        prompts = data.draw(
+            st.lists(st.lists(TOKENS, min_size=1, max_size=10), min_size=1, max_size=3)
+        )
+        tokens = [t for p in prompts for t in p]
+        kv, ref = self.both(who, "admit", tokens, [len(p) for p in prompts], atomic=atomic)
+        if kv is not None:
+            for field in kv._fields:
+                assert np.array_equal(getattr(kv, field), getattr(ref, field)), field
+            self.live[who] += [i for i in kv.ids.tolist() if i >= 0]
+
+    @rule(who=WHO, data=st.data())
+    def fork(self, who, data):
+        ids = self.pick(data, who)
+        kv, ref = self.both(who, "fork", ids, 1)
+        if kv is not None:
+            assert kv.tolist() == ref.tolist()
+            self.live[who] += kv.ravel().tolist()
+
+    @rule(who=WHO, data=st.data())
+    def release(self, who, data):
+        ids = self.pick(data, who)
+        self.both(who, "release", ids)
+        for i in ids:
+            self.live[who].remove(i)
+
+    @rule(who=WHO)
+    def release_all(self, who):
+        """Release every sequence of one manager: its cached pages become cache-only."""
+        self.both(who, "release", self.live[who])
+        self.live[who] = []
+
+    @rule(who=WHO)
+    def trim(self, who):
+        kv, ref = self.both(who, "trim")
+        assert kv == ref
+        if kv:
+            event("trim unmapped pages")
+
+    @rule(who=WHO, data=st.data())
+    def can_append(self, who, data):
+        ids = self.pick(data, who)
+        counts = data.draw(st.lists(st.integers(0, 8), min_size=len(ids), max_size=len(ids)))
+        kv, ref = self.both(who, "can_append", ids, counts)
+        assert kv == ref
+
+    # ----------------------------------------------------------------------------- invariants
+    @invariant()
+    def agree(self):
+        if not hasattr(self, "kv"):
+            return
+        self.kv_pool.check()
+        assert self.kv_pool.num_free == self.ref_pool.num_free
+        assert self.kv_pool.state.free[: self.kv_pool.num_free].tolist() == (
+            self.ref_pool.free_pages()
+        )
+        mapped = 0
+        for who in range(2):
+            kv, ref = self.kv[who], self.ref[who]
+            kv.check()
+            ref.check()
+            assert kv.stats() == ref.stats()
+            assert kv.mapped_pages().tolist() == ref.mapped_pages().tolist()
+            mapped += kv.stats().mapped_pages
+            if self.live[who]:
+                assert np.array_equal(
+                    kv.block_tables(self.live[who]), ref.block_tables(self.live[who])
+                )
+        assert mapped + self.kv_pool.num_free == self.kv_pool.num_pages
+        assert self.kv_hooks.calls == self.ref_hooks.calls
+        if any(c[0] == "unmap" for c in self.kv_hooks.calls):
+            event("pages were unmapped")
+
+    def teardown(self):
+        if not hasattr(self, "kv"):
+            return
+        for who in range(2):
+            if self.live[who]:
+                self.kv[who].release(self.live[who])
+            self.kv[who].trim()
+            self.kv[who].check()
+            assert self.kv[who].stats().mapped_pages == 0
+        assert self.kv_pool.num_free == self.kv_pool.num_pages
+
+
+PagesVersusReference.TestCase.settings = settings(
+    max_examples=1000,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestPagesVersusReference = PagesVersusReference.TestCase
