@@ -295,6 +295,7 @@ def run_admit(
             meta,
             ulog,
             scr,
+            (ev_ids, ev_hash, ev_tok),
             arena,
             scratch,
             pool,

@@ -79,20 +79,22 @@ def append_tokens(
     meta,
     ulog,
     scr,
+    records,
     arena,
     scratch,
     pool,
 ):
     """Append ``count`` tokens to one sequence whose need the caller has checked.
 
+    ``records`` is ``(ev_ids, ev_hash, ev_tok)``: one argument instead of three keeps the call
+    under the 30 arguments CPython passes without packing them (which numba cannot inline).
+
     Writes the slots to ``slot_mapping[out_offset:]`` and a copy-on-write pair, if any, to
     ``cow_src/cow_dst[num_cow]``; returns the new number of COW pairs.
     """
     if count == 0:
         return num_cow
-    (_, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, ev_ids, ev_hash, ev_tok, _, _, _) = unpack(
-        arena, scratch
-    )
+    ev_ids, ev_hash, ev_tok = records
     block_size = tokens.shape[1]
     width = seq_table.shape[1]
     length = seq_len[slot]
@@ -375,6 +377,7 @@ def run_append(
                 meta,
                 ulog,
                 scr,
+                (ev_ids, ev_hash, ev_tok),
                 arena,
                 scratch,
                 pool,
