@@ -96,6 +96,7 @@ SCRATCH_FIELDS = (
     "meta_save",
     "map_rec",
     "unmap_rec",
+    "slots",
 )
 
 
@@ -326,5 +327,6 @@ def new_scratch(
             ("meta_save", np.int64, (META_SIZE,)),
             ("map_rec", np.int64, (num_pages, 2)),
             ("unmap_rec", np.int64, (num_pages, 2)),
+            ("slots", np.int64, (max_seqs,)),
         ]
     )

@@ -335,11 +335,13 @@ class BlockManager(PagedCalls):
             tokens_in, has_tokens = _NO_TOKENS, False
         else:
             tokens_in, has_tokens = index_array(tokens, "tokens"), True
+        if atomic is not True:  # the common case skips a call
+            atomic = _flag(atomic)
         if self._pool is not None:
-            return self._paged_append(ids, counts, tokens_in, has_tokens, _flag(atomic))
+            return self._paged_append(ids, counts, tokens_in, has_tokens, atomic)
         while True:
             result = self._k_append(
-                ids, counts, tokens_in, has_tokens, _flag(atomic), self._max_seq_len, *self._args
+                ids, counts, tokens_in, has_tokens, atomic, self._max_seq_len, *self._args
             )
             status = result[0]
             if status != E.ST_NEED_BUFFERS:

@@ -21,6 +21,7 @@ from kvnumba._kernels.sequences import (
     table_width,
 )
 from kvnumba._kernels.trim import commit_give_up, rollback_give_up, run_give_up
+from kvnumba._kernels.views import scratch_slots
 from kvnumba.errors import ST_OK
 
 
@@ -29,6 +30,22 @@ def k_new_sequences(count, arena, scratch):
     """``new_sequences``: returns (status, ids)."""
     ids = np.empty(count, dtype=np.int64)
     return run_new_sequences(ids, arena, scratch), ids
+
+
+@njit(cache=True, inline="always")
+def _append_results(n, total):
+    """An append's result arrays, carved out of one allocation: slot_mapping, cow_src, cow_dst,
+    ok (cleared). One allocation instead of four is a tenth of a one-sequence call."""
+    buffer = np.empty(8 * total + 9 * n, dtype=np.uint8)
+    ok = buffer[8 * total + 8 * n :].view(np.bool_)
+    for i in range(n):
+        ok[i] = False
+    return (
+        buffer[: 8 * total].view(np.int64),
+        buffer[8 * total : 8 * total + 4 * n].view(np.int32),
+        buffer[8 * total + 4 * n : 8 * total + 8 * n].view(np.int32),
+        ok,
+    )
 
 
 # The two append entries repeat their body on purpose: routing both through one inlined helper
@@ -44,11 +61,9 @@ def k_append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scr
     total = 0
     for i in range(counts.shape[0]):
         total += min(max(counts[i], 0), limit)
-    slots = np.empty(n, dtype=np.int64)
-    ok = np.zeros(n, dtype=np.bool_)
-    cow_src = np.empty(n, dtype=np.int32)
-    cow_dst = np.empty(n, dtype=np.int32)
-    slot_mapping = np.empty(total, dtype=np.int64)
+    # The ids' slots live in the scratch arena: one allocation fewer on the hot path.
+    slots = scratch_slots(scratch)[:n]
+    slot_mapping, cow_src, cow_dst, ok = _append_results(n, total)
     # Without a page pool the workers never read ``pool``: the scratch arena stands in for it.
     status, bad, needed, available, num_cow = run_append(
         ids, counts, tokens_in, has_tokens, atomic, slots, slot_mapping, cow_src, cow_dst, ok,
@@ -65,11 +80,8 @@ def k_append_paged(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, aren
     total = 0
     for i in range(counts.shape[0]):
         total += min(max(counts[i], 0), limit)
-    slots = np.empty(n, dtype=np.int64)
-    ok = np.zeros(n, dtype=np.bool_)
-    cow_src = np.empty(n, dtype=np.int32)
-    cow_dst = np.empty(n, dtype=np.int32)
-    slot_mapping = np.empty(total, dtype=np.int64)
+    slots = scratch_slots(scratch)[:n]
+    slot_mapping, cow_src, cow_dst, ok = _append_results(n, total)
     status, bad, needed, available, num_cow = run_append(
         ids, counts, tokens_in, has_tokens, atomic, slots, slot_mapping, cow_src, cow_dst, ok,
         arena, scratch, pool,

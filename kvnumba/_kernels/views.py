@@ -67,3 +67,14 @@ def unpack_pages(arena, scratch):
         _field(scratch, g, 7).view(np.int64).reshape(_shape(g, 7)),  # map_rec
         _field(scratch, g, 8).view(np.int64).reshape(_shape(g, 8)),  # unmap_rec
     )
+
+
+@njit(cache=True, inline="always")
+def scratch_slots(scratch):
+    """The scratch ``slots`` field (``max_seqs`` int64): room for the slots of a call's ids.
+
+    A call with more than ``max_seqs`` ids repeats one or names an unknown one, and validation
+    stops there before writing past ``max_seqs`` entries.
+    """
+    g = scratch[:HEADER_BYTES].view(np.int64)
+    return _field(scratch, g, 9).view(np.int64)
