@@ -70,7 +70,12 @@ class PagedCalls:
         meta[M_CLIENT], meta[M_PID], meta[M_START] = me
         self._client = client
         self._pargs = (self._arena, self._scratch, pool.arena)
+        pool._managers[:] = [ref for ref in pool._managers if ref() is not None]
         pool._managers.append(weakref.ref(self))
+        # A manager that is gone can no longer use its pages: they go back to the pool. The
+        # finalizer only queues them (it may run inside any allocation, even an import); the
+        # pool's next call from a manager gives them back.
+        self._finalizer = weakref.finalize(self, pool._orphans.append, (client, self._s.pages))
 
     @property
     def page_pool(self):
@@ -125,6 +130,8 @@ class PagedCalls:
         return AdmitResult._make((result[4], result[5], result[6], result[7]))
 
     def _paged_release(self, ids) -> None:
+        if self._pool._orphans:
+            give_back_orphans(self._pool)
         with self._pool.lock():
             status, bad = self._k_release(ids, *self._pargs)
         if status:
@@ -159,12 +166,35 @@ class PagedCalls:
         """
         if self._pool is None:
             return 0
+        if self._pool._orphans:
+            give_back_orphans(self._pool)
         with self._pool.lock():
             self._ensure_records(int(self._s.meta[M_CACHED]))
             done = self._k_give_up(self._num_pages, False, *self._pargs)
         self._deliver_evictions()
         self._deliver_pages(mapped=False)
         return int(done)
+
+    def close(self) -> None:
+        """Give every page back to the pool and retire the manager (a page pool's managers).
+
+        Its sequences and cached blocks are dropped without callbacks except the pool's
+        ``on_unmap``; any later allocating or query call raises ``ValueError``. Idempotent; a
+        manager without a pool has nothing to give back and stays usable. A manager on a pool
+        that is garbage-collected without ``close()`` gives its pages back at the pool's next
+        call from another manager.
+        """
+        if self._pool is None or not self._finalizer.alive:
+            return
+        self._finalizer()
+        give_back_orphans(self._pool)
+
+        def closed(*args):
+            raise ValueError("the block manager is closed")
+
+        for name in vars(self).copy():
+            if name.startswith("_k_"):
+                setattr(self, name, closed)
 
     def mapped_pages(self) -> np.ndarray:
         """Physical page ids this manager holds, in virtual page order (empty without a pool).
@@ -194,6 +224,8 @@ class PagedCalls:
         Returns the kernel's result and the siblings whose give-ups the call committed.
         """
         pool = self._pool
+        if pool._orphans:
+            give_back_orphans(pool)
         with pool.lock():
             result = run()
             if result[0] != E.ST_POOL_EXHAUSTED or not atomic:
@@ -287,3 +319,13 @@ class PagedCalls:
         unmapped = x["unmap_rec"][: int(scr[S_UNMAP_N])]
         maps = x["map_rec"][: int(scr[S_MAP_N])] if mapped else x["map_rec"][:0]
         pool.deliver(unmapped=(unmapped[:, 0], unmapped[:, 1]), mapped=(maps[:, 0], maps[:, 1]))
+
+
+def give_back_orphans(pool) -> None:
+    """Unmap the pages of managers that were closed or garbage-collected (``on_unmap`` too)."""
+    while pool._orphans:
+        client, pages = pool._orphans.pop(0)
+        physical = pages[:, PG_PHYS]
+        held = physical[physical != NIL].astype(np.int64)
+        if held.size:
+            pool.unmap_pages(client, held)

@@ -256,6 +256,8 @@ class PagePool:
         # Weak references to the BlockManagers of this process on this pool object, in
         # registration order: the siblings that give up cache-only pages to a starving call.
         self._managers: list = []
+        # (client, pages) of managers that were closed or collected, pages not yet given back.
+        self._orphans: list = []
 
     @classmethod
     def shared(

@@ -319,3 +319,40 @@ def test_repr_and_stats_show_pages():
     stats = mgr.stats()
     assert stats.used + stats.cached + stats.free == mgr.num_blocks
     assert mgr.page_pool is pool and mgr.blocks_per_page == 4
+
+
+def test_a_collected_manager_gives_its_pages_back():
+    import gc
+
+    hooks = Hooks()
+    pool = PagePool(4, on_map=hooks.on_map, on_unmap=hooks.on_unmap)
+    mgr = make(pool)
+    grow(mgr, [5])
+    (cached,) = grow(mgr, [4], tokens=True)
+    mgr.release([cached])  # a cache-only page goes back too
+    hooks.calls.clear()
+    del mgr
+    gc.collect()
+    assert pool.num_free == 1  # queued: given back at the pool's next call from a manager
+    other = make(pool)
+    other.trim()
+    assert pool.num_free == 4 and hooks.calls == [("unmap", [0, 1, 2], [0, 1, 2])]
+    pool.check()
+    other.check()
+
+
+def test_close_gives_the_pages_back_and_retires_the_manager():
+    pool = PagePool(4)
+    mgr = make(pool)
+    ids = grow(mgr, [5])
+    mgr.close()
+    assert pool.num_free == 4
+    pool.check()
+    with pytest.raises(ValueError, match="closed"):
+        mgr.append(ids, [1])
+    with pytest.raises(ValueError, match="closed"):
+        mgr.block_tables(ids)
+    mgr.close()  # idempotent
+    plain = BlockManager(8, 1)
+    plain.close()
+    assert plain.new_sequences(1).shape == (1,)
