@@ -236,6 +236,23 @@ def test_logged_admit_gives_back_pages_mapped_by_earlier_prompts():
     pool.check()
 
 
+def test_logged_admit_gives_back_blocks_taken_from_a_mapped_page():
+    pool, m1, m2, hooks = two_managers()
+    (s,) = grow(m1, [2])  # m1 page 0: blocks 2 and 3 free
+    (hog,) = grow(m2, [8])  # the pool is empty
+    before = snapshots(pool, m1, m2)
+    hooks.calls.clear()
+    with pytest.raises(PoolExhausted):
+        # prompt 0 really takes blocks 2 and 3, then prompt 1 misses: the undo log restores
+        m1.admit(np.arange(5), [2, 3])
+    assert_unchanged(before, pool, m1, m2)
+    assert hooks.calls == []
+    m2.release([hog])
+    r = m1.admit(np.arange(5), [2, 3])
+    assert m1.block_tables(r.ids).tolist() == [[2, 3, -1], [4, 5, 6]]
+    m1.check()
+
+
 def test_sibling_gives_up_its_oldest_cache_only_pages():
     hooks = Hooks()
     pool = PagePool(3, on_map=hooks.on_map, on_unmap=hooks.on_unmap)
