@@ -31,6 +31,7 @@ from kvnumba._state import (
     PG_PHYS,
     S_FAILED,
     S_MAP_N,
+    S_SHORT,
     S_UNMAP_N,
 )
 from kvnumba.results import AdmitResult, AppendResult
@@ -136,7 +137,7 @@ class PagedCalls:
             status, bad = self._k_release(ids, *self._pargs)
         if status:
             self._raise(status, bad, ids)
-        self._deliver_pages(mapped=False)
+        self._deliver_unmaps()
 
     def _paged_can_append(self, ids, counts) -> bool:
         with self._pool.lock():
@@ -171,23 +172,27 @@ class PagedCalls:
         with self._pool.lock():
             self._ensure_records(int(self._s.meta[M_CACHED]))
             done = self._k_give_up(self._num_pages, False, *self._pargs)
-        self._deliver_evictions()
-        self._deliver_pages(mapped=False)
+        _deliver_all([self._deliver_evictions, self._deliver_unmaps])
         return int(done)
 
     def close(self) -> None:
         """Give every page back to the pool and retire the manager (a page pool's managers).
 
         Its sequences and cached blocks are dropped without callbacks except the pool's
-        ``on_unmap``; any later allocating or query call raises ``ValueError``. Idempotent; a
-        manager without a pool has nothing to give back and stays usable. A manager on a pool
+        ``on_unmap``; any later call that reaches a kernel raises ``ValueError``. Idempotent;
+        a manager without a pool has nothing to give back and stays usable. A manager on a pool
         that is garbage-collected without ``close()`` gives its pages back at the pool's next
-        call from another manager.
+        call from another manager. Close the managers before their pool.
         """
         if self._pool is None or not self._finalizer.alive:
             return
         self._finalizer()
-        give_back_orphans(self._pool)
+        pool = self._pool
+        pool._managers[:] = [ref for ref in pool._managers if ref() not in (None, self)]
+        if pool.closed:
+            pool._orphans.clear()  # nothing left to give the pages back to
+        else:
+            give_back_orphans(pool)
 
         def closed(*args):
             raise ValueError("the block manager is closed")
@@ -203,7 +208,7 @@ class PagedCalls:
         -------
         numpy.ndarray of int64
         """
-        if self._pool is None:
+        if self._pool is None or not self._finalizer.alive:
             return np.empty(0, dtype=np.int64)
         phys = self._s.pages[:, PG_PHYS]
         return phys[phys != NIL].astype(np.int64)
@@ -214,7 +219,7 @@ class PagedCalls:
         alive = []
         for ref in self._pool._managers:
             manager = ref()
-            if manager is not None and manager is not self:
+            if manager is not None and manager is not self and manager._finalizer.alive:
                 alive.append(manager)
         return alive
 
@@ -230,14 +235,23 @@ class PagedCalls:
             result = run()
             if result[0] != E.ST_POOL_EXHAUSTED or not atomic:
                 return result, ()
-            if pool.num_free < int(self._s.meta[M_VTOP]) and pool.reclaim_dead() > 0:
-                result = run()
-                if result[0] != E.ST_POOL_EXHAUSTED:
+            # Only a shared pool can hold pages of processes that died.
+            if pool.is_shared and pool.num_free < int(self._s.meta[M_VTOP]):
+                if pool.reclaim_dead() > 0:
+                    result = run()
+                    if result[0] != E.ST_POOL_EXHAUSTED:
+                        return result, ()
+            givers: list = []
+            try:
+                self._ask_siblings(int(self._scr[S_SHORT]), givers)
+                if not givers:
                     return result, ()
-            givers = self._ask_siblings(int(result[2]), int(result[3]))
-            if not givers:
-                return result, ()
-            retry = run()
+                retry = run()
+            except BaseException:
+                # Whatever interrupted the reclaim, the siblings get their pages back.
+                for sibling in reversed(givers):
+                    sibling._k_rollback_give_up(*sibling._pargs)
+                raise
             if retry[0] == E.ST_POOL_EXHAUSTED:
                 for sibling in reversed(givers):
                     sibling._k_rollback_give_up(*sibling._pargs)
@@ -246,18 +260,20 @@ class PagedCalls:
                 sibling._k_commit_give_up(*sibling._pargs)
             return retry, givers
 
-    def _ask_siblings(self, needed: int, available: int) -> list:
+    def _ask_siblings(self, shortfall: int, givers: list) -> None:
         """Have siblings give up the cache-only pages this call lacks, oldest first (logged).
 
-        Returns the siblings that gave pages, in registration order; none if they cannot cover
-        the shortfall or this manager has too few unmapped virtual pages to use the pages.
+        ``shortfall`` is the number of blocks the call lacked where it failed. The siblings
+        that gave pages are appended to ``givers`` (in registration order) as they do; none
+        give any if they cannot cover the shortfall or this manager has too few unmapped virtual
+        pages to use the pages.
         """
-        wanted = -(-(needed - available) // self._k)
+        wanted = -(-shortfall // self._k)
         if wanted <= 0 or self._pool.num_free + wanted > int(self._s.meta[M_VTOP]):
-            return []
+            return
         siblings = self._siblings()
         if sum(int(m._s.meta[M_CO_COUNT]) for m in siblings) < wanted:
-            return []
+            return
         # Merge the siblings' cache-only lists (each already in stamp order) by stamp.
         lists = [
             [(int(m._s.page_stamp[v]), i) for v in m._cache_only_pages(wanted)]
@@ -266,13 +282,11 @@ class PagedCalls:
         shares = [0] * len(siblings)
         for _, i in itertools.islice(heapq.merge(*lists), wanted):
             shares[i] += 1
-        givers = []
         for share, sibling in zip(shares, siblings, strict=True):
             if share:
-                sibling._ensure_records(share * self._k, logged_pages=share)
+                sibling._ensure_records(share * sibling._k, logged_pages=share)
                 sibling._k_give_up(share, True, *sibling._pargs)
                 givers.append(sibling)
-        return givers
 
     def _cache_only_pages(self, limit: int) -> list[int]:
         """The first ``limit`` pages of the cache-only list (a walk of at most ``limit``)."""
@@ -301,24 +315,43 @@ class PagedCalls:
 
     # ------------------------------------------------------------------------------ callbacks
     def _after_paged_call(self, givers) -> None:
-        """Callbacks of a committed call: the siblings' give-ups first, then this manager's."""
-        for sibling in givers:
-            sibling._deliver_evictions()
-            sibling._deliver_pages(mapped=False)
+        """Callbacks of a committed call: the siblings' give-ups first, then this manager's.
+
+        Every callback runs even if an earlier one raises; the first error is raised after.
+        """
         if self._scr[S_FAILED]:
             self._failed_calls += 1
-        self._deliver_evictions()
-        self._deliver_pages(mapped=True)
+        deliveries = []
+        for sibling in givers:
+            deliveries += [sibling._deliver_evictions, sibling._deliver_unmaps]
+        deliveries += [self._deliver_evictions, self._deliver_unmaps, self._deliver_maps]
+        _deliver_all(deliveries)
 
-    def _deliver_pages(self, mapped: bool) -> None:
-        """Hand this call's unmapped (then, if ``mapped``, mapped) pages to the pool's hooks."""
+    def _deliver_unmaps(self) -> None:
+        """Hand this call's unmapped pages to the pool's ``on_unmap``."""
         pool = self._pool
-        if pool.on_map is None and pool.on_unmap is None:
-            return
-        x, scr = self._x, self._scr
-        unmapped = x["unmap_rec"][: int(scr[S_UNMAP_N])]
-        maps = x["map_rec"][: int(scr[S_MAP_N])] if mapped else x["map_rec"][:0]
-        pool.deliver(unmapped=(unmapped[:, 0], unmapped[:, 1]), mapped=(maps[:, 0], maps[:, 1]))
+        if pool.on_unmap is not None:
+            unmapped = self._x["unmap_rec"][: int(self._scr[S_UNMAP_N])]
+            pool.deliver(unmapped=(unmapped[:, 0], unmapped[:, 1]))
+
+    def _deliver_maps(self) -> None:
+        """Hand this call's mapped pages to the pool's ``on_map``."""
+        pool = self._pool
+        if pool.on_map is not None:
+            maps = self._x["map_rec"][: int(self._scr[S_MAP_N])]
+            pool.deliver(mapped=(maps[:, 0], maps[:, 1]))
+
+
+def _deliver_all(deliveries) -> None:
+    """Run every callback delivery even if one raises; then raise the first error."""
+    error = None
+    for deliver in deliveries:
+        try:
+            deliver()
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the others ran
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 def give_back_orphans(pool) -> None:

@@ -73,6 +73,7 @@ S_FAILED = 5  # sequences or prompts of the current call that did not fit (non-a
 S_MAP_N = 6  # pages mapped in this call (records in map_rec)
 S_UNMAP_N = 7  # pages unmapped in this call (records in unmap_rec)
 S_SAVED_PAYLOAD = 8  # S_EV_PAYLOAD before a logged give-up switched it on
+S_SHORT = 9  # blocks a failed call lacked at its failure point (what sibling reclaim must add)
 SCR_SIZE = 16
 
 # Storage: all state arrays are views into one uint8 arena, and all per-call scratch arrays into

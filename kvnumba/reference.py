@@ -124,6 +124,13 @@ def _as_int_array(values, name: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def _exhausted(needed: int, available: int, shortfall: int) -> PoolExhausted:
+    """``PoolExhausted(needed, available)`` that also carries the blocks the call lacked."""
+    error = PoolExhausted(needed, available)
+    error.shortfall = shortfall
+    return error
+
+
 def _blocks_for(length: int, block_size: int) -> int:
     """Blocks needed to hold ``length`` tokens."""
     return -(-length // block_size)
@@ -580,11 +587,11 @@ class ReferenceBlockManager:
     def _cache_only_pages_of_siblings(self) -> int:
         return sum(len(m._cache_only) for m in self._pool._managers if m is not self)
 
-    def _ask_siblings(self, needed: int, available: int) -> list | None:
+    def _ask_siblings(self, shortfall: int) -> list | None:
         """Sibling reclaim for an atomic call that failed with ``PoolExhausted``.
 
-        Asks the other managers registered on the pool for ``wanted = ceil((needed -
-        available) / k)`` cache-only pages, chosen one at a time by smallest stamp among the
+        Asks the other managers registered on the pool for ``wanted = ceil(shortfall / k)``
+        cache-only pages (``shortfall``: the blocks the call lacked where it failed), chosen one at a time by smallest stamp among the
         siblings' next list heads, and makes each sibling (in registration order) give up its
         chosen pages as :meth:`trim` does.
 
@@ -598,7 +605,7 @@ class ReferenceBlockManager:
         """
         if self._pool is None:
             return None
-        wanted = -(-(needed - available) // self._k)
+        wanted = -(-shortfall // self._k)
         if wanted < 1 or self._pool.num_free + wanted > len(self._unmapped):
             return None
         if self._cache_only_pages_of_siblings() < wanted:
@@ -792,7 +799,7 @@ class ReferenceBlockManager:
         try:
             result = attempt()
         except PoolExhausted as first:
-            reclaimed = self._ask_siblings(first.needed, first.available) if atomic else None
+            reclaimed = self._ask_siblings(first.shortfall) if atomic else None
             if reclaimed is None:
                 self._failed_calls += 1
                 raise
@@ -896,7 +903,7 @@ class ReferenceBlockManager:
                 self._append_need(s, c, pending) for s, c in zip(slots, counts, strict=True)
             )
             if needed > available:
-                raise PoolExhausted(needed, available)
+                raise _exhausted(needed, available, needed - available)
         out: list[int] = []
         cow: list[tuple] = []
         ok = np.ones(len(slots), dtype=bool)
@@ -1051,13 +1058,17 @@ class ReferenceBlockManager:
             needed, served = self._admit_one(prompt, salt)
             if served is None and atomic:
                 # later prompts: hits looked up at the failure point, before the rollback
-                needed += needed_so_far + sum(
+                later = sum(
                     self._prompt_need(p, s)
                     for p, s in zip(prompts[i + 1 :], salts[i + 1 :], strict=True)
                 )
+                # What the call lacks here: this prompt's cached hits use up capacity too.
+                cached_hits = sum(1 for b in self._lookup_prefix(prompt, salt) if self._ref[b] == 0)
+                shortfall = needed + later - (self._available() - cached_hits)
+                needed += needed_so_far + later
                 if snap is not None:
                     self._restore(snap)
-                raise PoolExhausted(needed, available)
+                raise _exhausted(needed, available, shortfall)
             if served is None:
                 out.extend([-1] * len(prompt))
                 continue

@@ -291,7 +291,8 @@ def test_a_sibling_give_up_rolls_back_byte_for_byte():
     a, b = grow(m2, [4, 3], tokens=True)
     m2.release([a, b])
     before = snapshots(pool, m1, m2)
-    givers = m1._ask_siblings(needed=5, available=0)  # two pages wanted
+    givers = []
+    m1._ask_siblings(5, givers)  # five blocks lacking: two pages wanted
     assert givers == [m2] and m2.mapped_pages().tolist() == [] and pool.num_free == 3
     m2._k_rollback_give_up(*m2._pargs)
     assert_unchanged(before, pool, m1, m2)
@@ -373,3 +374,78 @@ def test_close_gives_the_pages_back_and_retires_the_manager():
     plain = BlockManager(8, 1)
     plain.close()
     assert plain.new_sequences(1).shape == (1,)
+
+
+def test_siblings_with_other_page_sizes_give_up_whole_pages():
+    pool = PagePool(2)
+    big = BlockManager(64, 1, page_pool=pool, blocks_per_page=32, max_seqs=8)
+    small = BlockManager(8, 1, page_pool=pool, blocks_per_page=1, max_seqs=8)
+    (s,) = big.new_sequences(1)
+    big.append([s], [32], np.arange(32))
+    big.release([s])  # one cache-only page of 32 cached blocks
+    (h,) = big.new_sequences(1)
+    big.append([h], [1])  # the pool is empty
+    (t,) = small.new_sequences(1)
+    small.append([t], [1])  # the big sibling evicts 32 blocks to give up its page
+    assert big.stats().evictions == 32 and small.mapped_pages().tolist() == [0]
+    big.check()
+    small.check()
+    pool.check()
+
+
+def test_sibling_reclaim_counts_the_cached_hits_an_admit_claims():
+    pool = PagePool(3)
+    m1, m2 = make(pool), make(pool)
+    r = m1.admit(np.arange(5), [5])
+    m1.release(r.ids)  # blocks 0..3 cached in m1, block 4 freed
+    a, b = m2.new_sequences(2)
+    m2.append([a, b], [4, 4], np.arange(100, 108))
+    m2.release([a, b])  # two cache-only pages in m2; the pool is empty
+    # 9 blocks: 4 cached hits plus 5 new; m1 has 4 cached, 0 free: it lacks 5 blocks, 2 pages
+    r = m1.admit(np.arange(9), [9])
+    assert r.num_cached_tokens.tolist() == [4] and m2.mapped_pages().tolist() == []
+    m1.check()
+    m2.check()
+
+
+def test_a_closed_sibling_is_never_asked():
+    pool = PagePool(2)
+    m1, m2, m3 = make(pool), make(pool), make(pool)
+    for m in (m2, m3):
+        (s,) = m.new_sequences(1)
+        m.append([s], [4], np.arange(4))
+        m.release([s])
+    m2.close()  # its page went back to the pool
+    assert pool.num_free == 1 and m2.mapped_pages().tolist() == []
+    (h,) = m1.new_sequences(1)
+    m1.append([h], [8])  # the free page, then m3's cache-only page
+    assert m3.mapped_pages().tolist() == [] and m1.stats().mapped_pages == 2
+    m1.check()
+    m3.check()
+
+
+def test_every_callback_runs_when_one_raises():
+    calls = []
+    failing = []
+
+    def on_map(physical, virtual):
+        calls.append("map")
+        if failing:
+            raise RuntimeError("engine hook failed")
+
+    def on_unmap(physical, virtual):
+        calls.append("unmap")
+
+    pool = PagePool(1, on_map=on_map, on_unmap=on_unmap)
+    m1, m2 = make(pool), make(pool)
+    (c,) = grow(m2, [4], tokens=True)
+    m2.release([c])
+    calls.clear()
+    failing.append(True)
+    (s,) = m1.new_sequences(1)
+    with pytest.raises(RuntimeError, match="engine hook"):
+        m1.append([s], [1])  # the sibling's page is unmapped, then mapped for m1
+    assert calls == ["unmap", "map"]
+    assert m1.seq_lens([s]).tolist() == [1]  # the call committed before its callbacks
+    m1.check()
+    m2.check()

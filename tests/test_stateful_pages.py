@@ -39,11 +39,14 @@ class Recorder:
 class PagesVersusReference(RuleBasedStateMachine):
     @initialize(
         blocks_per_page=st.integers(1, 4),
+        other_blocks_per_page=st.integers(1, 4),
         pages_per_manager=st.integers(2, 5),
         pool_pages=st.integers(2, 6),
         block_size=st.sampled_from([1, 2, 3]),
     )
-    def setup(self, blocks_per_page, pages_per_manager, pool_pages, block_size):
+    def setup(
+        self, blocks_per_page, other_blocks_per_page, pages_per_manager, pool_pages, block_size
+    ):
         self.kv_hooks, self.ref_hooks = Recorder(), Recorder()
         self.kv_pool = kvnumba.PagePool(
             pool_pages, on_map=self.kv_hooks.hook("map"), on_unmap=self.kv_hooks.hook("unmap")

@@ -36,6 +36,7 @@ from kvnumba._state import (
     S_LOG_N,
     S_LOG_ON,
     S_MAP_N,
+    S_SHORT,
     S_UNMAP_N,
 )
 from kvnumba.errors import (
@@ -198,8 +199,10 @@ def run_admit(
                 out += length
                 start += length
                 continue
-            # Report what the whole call would take, later prompts looked up as things stand.
+            # Report what the whole call would take, later prompts looked up as things stand,
+            # and what it lacks here: this prompt's cached hits use up capacity too.
             needed += need
+            short = need - (free_now(meta, pool) + meta[M_CACHED] - cached_hits)
             later = start + length
             for q in range(p + 1, num_prompts):
                 q_hits, _ = lookup_prefix(
@@ -214,7 +217,9 @@ def run_admit(
                     meta,
                 )
                 needed += blocks_of(lengths[q], block_size) - q_hits
+                short += blocks_of(lengths[q], block_size) - q_hits
                 later += lengths[q]
+            scr[S_SHORT] = short
             if logged:
                 rollback(
                     ref,

@@ -22,6 +22,7 @@ from kvnumba._state import (
     S_FAILED,
     S_LOG_ON,
     S_MAP_N,
+    S_SHORT,
     S_STAMP,
     S_UNMAP_N,
 )
@@ -332,6 +333,7 @@ def run_append(
     if needed > available:
         needed = total_need(slots, counts, cow_src, ref, block_size, seq_table, seq_len)
         if atomic and needed > available:
+            scr[S_SHORT] = needed - available
             return ST_POOL_EXHAUSTED, -1, needed, available, 0
     # Evictions happen only once the free stack is empty; the facade grows the record buffers.
     evictions = min(needed, available) - free
