@@ -151,7 +151,7 @@ class PagedCalls:
             vtop = int(self._s.meta[M_VTOP])
             extra = sum(int(m._s.meta[M_CO_COUNT]) for m in self._siblings())
             gained = min(free_pages + extra, vtop) - min(free_pages, vtop)
-            return need <= available + gained * self._k
+            return bool(need <= available + gained * self._k)
 
     def trim(self) -> int:
         """Give every cache-only page back to the page pool.

@@ -481,7 +481,7 @@ class BlockManager(PagedCalls):
         status, bad, need, available = self._k_can_append(ids, counts, *self._args)
         if status:
             self._raise(status, bad, ids, counts=counts)
-        return need <= available
+        return bool(need <= available)
 
     # ---------------------------------------------------------------------- single sequences
     def sequence(self):
