@@ -148,7 +148,7 @@ def run_admit(
     block_size = tokens.shape[1]
     width = seq_table.shape[1]
     paged = meta[M_PAGE_K] != 0
-    pages, page_stamp, block_next, buckets, _, _ = unpack_pages(arena, scratch)
+    pages, _, _, _, _, _ = unpack_pages(arena, scratch)
     free = free_now(meta, pool)
     available = free + meta[M_CACHED]
     # Later prompts depend on what earlier ones did, so an atomic call of several prompts keeps
@@ -221,31 +221,7 @@ def run_admit(
                 later += lengths[q]
             scr[S_SHORT] = short
             if logged:
-                rollback(
-                    ref,
-                    lru_prev,
-                    lru_next,
-                    block_hash,
-                    block_salt,
-                    block_flags,
-                    tokens,
-                    htab,
-                    seq_table,
-                    seq_len,
-                    seq_gen,
-                    seq_salt,
-                    seq_live,
-                    meta,
-                    ulog,
-                    scr,
-                    meta_save,
-                    ev_tok,
-                    pages,
-                    page_stamp,
-                    block_next,
-                    buckets,
-                    pool,
-                )
+                rollback(arena, scratch, pool)
                 scr[S_EV_PAYLOAD] = saved_payload_flag
             for q in range(num_prompts):
                 ids[q] = -1

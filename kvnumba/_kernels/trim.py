@@ -92,33 +92,6 @@ def commit_give_up(arena, scratch):
 @njit(cache=True, _nrt=False)
 def rollback_give_up(arena, scratch, pool):
     """Undo a logged give-up: the pages are mapped again and their blocks cached as before."""
-    (ref, lru_prev, lru_next, _, block_hash, block_salt, block_flags, tokens, htab, seq_table,
-     seq_len, seq_gen, seq_salt, seq_live, _, meta, ulog, _, _, ev_tok, _, scr,
-     meta_save) = unpack(arena, scratch)  # fmt: skip
-    pages, page_stamp, block_next, buckets, _, _ = unpack_pages(arena, scratch)
-    rollback(
-        ref,
-        lru_prev,
-        lru_next,
-        block_hash,
-        block_salt,
-        block_flags,
-        tokens,
-        htab,
-        seq_table,
-        seq_len,
-        seq_gen,
-        seq_salt,
-        seq_live,
-        meta,
-        ulog,
-        scr,
-        meta_save,
-        ev_tok,
-        pages,
-        page_stamp,
-        block_next,
-        buckets,
-        pool,
-    )
+    rollback(arena, scratch, pool)
+    (_, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, scr, _) = unpack(arena, scratch)
     scr[S_EV_PAYLOAD] = scr[S_SAVED_PAYLOAD]

@@ -10,6 +10,7 @@ import numpy as np
 from numba import njit
 
 from kvnumba._kernels.pool import pool_give, pool_take, pool_views
+from kvnumba._kernels.views import unpack, unpack_pages
 from kvnumba._state import (
     M_CLIENT,
     PG_COLS,
@@ -69,36 +70,17 @@ def log_write(ulog, scr, code, index, old):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def rollback(
-    ref,
-    lru_prev,
-    lru_next,
-    block_hash,
-    block_salt,
-    block_flags,
-    tokens,
-    htab,
-    seq_table,
-    seq_len,
-    seq_gen,
-    seq_salt,
-    seq_live,
-    meta,
-    ulog,
-    scr,
-    meta_save,
-    ev_tok,
-    pages,
-    page_stamp,
-    block_next,
-    buckets,
-    pool,
-):
+def rollback(arena, scratch, pool):
     """Replay the undo log backwards and restore ``meta``; ends the logged call.
 
     Pool entries are replayed in reverse order too, so the pool's free stack and owner records
-    come back byte for byte (``pool`` is only read when the log holds pool entries).
+    come back byte for byte (``pool`` is only read when the log holds pool entries). A failure
+    path only, so it carves its own views.
     """
+    (ref, lru_prev, lru_next, _, block_hash, block_salt, block_flags, tokens, htab, seq_table,
+     seq_len, seq_gen, seq_salt, seq_live, _, meta, ulog, _, _, ev_tok, _, scr,
+     meta_save) = unpack(arena, scratch)  # fmt: skip
+    pages, page_stamp, block_next, buckets, _, _ = unpack_pages(arena, scratch)
     width = seq_table.shape[1]
     for k in range(scr[S_LOG_N] - 1, -1, -1):
         code = ulog[k, 0]
