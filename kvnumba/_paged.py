@@ -17,7 +17,7 @@ import weakref
 import numpy as np
 
 from kvnumba import errors as E
-from kvnumba._kernels.undo import LOG_PER_BLOCK, LOG_PER_PAGE
+from kvnumba._kernels.undo import give_up_log_rows
 from kvnumba._state import (
     M_CACHED,
     M_CLIENT,
@@ -27,8 +27,6 @@ from kvnumba._state import (
     M_START,
     M_VTOP,
     NIL,
-    PG_CNEXT,
-    PG_PHYS,
     S_FAILED,
     S_MAP_N,
     S_SHORT,
@@ -76,7 +74,7 @@ class PagedCalls:
         # A manager that is gone can no longer use its pages: they go back to the pool. The
         # finalizer only queues them (it may run inside any allocation, even an import); the
         # pool's next call from a manager gives them back.
-        self._finalizer = weakref.finalize(self, pool._orphans.append, (client, self._s.pages))
+        self._finalizer = weakref.finalize(self, pool._orphans.append, (client, self._s.page_phys))
 
     @property
     def page_pool(self):
@@ -210,7 +208,7 @@ class PagedCalls:
         """
         if self._pool is None or not self._finalizer.alive:
             return np.empty(0, dtype=np.int64)
-        phys = self._s.pages[:, PG_PHYS]
+        phys = self._s.page_phys
         return phys[phys != NIL].astype(np.int64)
 
     # ------------------------------------------------------------------------ sibling reclaim
@@ -290,19 +288,19 @@ class PagedCalls:
 
     def _cache_only_pages(self, limit: int) -> list[int]:
         """The first ``limit`` pages of the cache-only list (a walk of at most ``limit``)."""
-        pages = self._s.pages
+        co_next = self._s.co_next
         out = []
         v = int(self._s.meta[M_CO_HEAD])
         while v != NIL and len(out) < limit:
             out.append(v)
-            v = int(pages[v, PG_CNEXT])
+            v = int(co_next[v])
         return out
 
     def _ensure_records(self, evictions: int, logged_pages: int = 0) -> None:
         """Grow the scratch so that a give-up evicting ``evictions`` blocks fits."""
         x = self._x
         rows = x["ev_ids"].shape[0]
-        log_needed = logged_pages * (LOG_PER_PAGE + LOG_PER_BLOCK * self._k)
+        log_needed = give_up_log_rows(logged_pages, self._k)
         payload = logged_pages > 0 or self._on_evict is not None
         if (
             evictions > rows
@@ -357,8 +355,7 @@ def _deliver_all(deliveries) -> None:
 def give_back_orphans(pool) -> None:
     """Unmap the pages of managers that were closed or garbage-collected (``on_unmap`` too)."""
     while pool._orphans:
-        client, pages = pool._orphans.pop(0)
-        physical = pages[:, PG_PHYS]
+        client, physical = pool._orphans.pop(0)
         held = physical[physical != NIL].astype(np.int64)
         if held.size:
             pool.unmap_pages(client, held)

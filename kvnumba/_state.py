@@ -51,18 +51,6 @@ M_PID = 25
 M_START = 26
 META_SIZE = 32
 
-# --- columns of ``pages`` (int32, one row per virtual page) ---------------------------------------
-PG_PHYS = 0  # physical page backing the virtual page, or NIL when unmapped
-PG_FREE = 1  # free blocks of a mapped page (0 when unmapped)
-PG_USED = 2  # blocks of the page with refcount >= 1
-PG_HEAD = 3  # top of the page's free-block list (linked through block_next), or NIL
-PG_BPREV = 4  # links of the bucket list of pages with PG_FREE free blocks
-PG_BNEXT = 5
-PG_CPREV = 6  # links of the cache-only page list
-PG_CNEXT = 7
-PG_VSTACK = 8  # row i of this column is entry i of the stack of unmapped virtual pages
-PG_COLS = 9
-
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
 S_LOG_N = 0  # undo-log entries written in this call
 S_LOG_ON = 1  # 1 while the current call records an undo log
@@ -76,102 +64,119 @@ S_SAVED_PAYLOAD = 8  # S_EV_PAYLOAD before a logged give-up switched it on
 S_SHORT = 9  # blocks a failed call lacked at its failure point (what sibling reclaim must add)
 SCR_SIZE = 16
 
-# Storage: all state arrays are views into one uint8 arena, and all per-call scratch arrays into
-# a second one. Kernel dispatch costs tens of nanoseconds per array argument, so every entry
-# kernel takes just the two arenas and carves the named views out of them (kernels/entry.py)
-# at the cost of a few pointer computations. The arena starts with a header of HEADER_SLOTS
-# int64 per field: byte offset, byte size, first and second dimension (0 for 1-D fields).
-HEADER_SLOTS = 4
-MAX_FIELDS = 24
+
+# --- the field tables: the one description of the arenas' layout ---------------------------------
+# Every state array is a view into one 64-byte aligned uint8 arena, and every per-call scratch
+# array into a second one. Kernel dispatch costs about 150 ns per array argument, so entry kernels
+# take just the arenas; the kernels carve named views out of them (``kvnumba/_kernels/views.py``
+# generates that code from these tables). The arena starts with a header of HEADER_SLOTS int64
+# per field: byte offset, byte size, item size, first and second dimension (0 for 1-D fields).
+# A shape names its dimensions; ``new_state`` / ``new_scratch`` give them values.
+HEADER_SLOTS = 5
+MAX_FIELDS = 40
 HEADER_BYTES = 8 * HEADER_SLOTS * MAX_FIELDS
 _ALIGN = 64
 
-# Scratch fields, in arena order.
-SCRATCH_FIELDS = (
-    "ulog",
-    "ev_ids",
-    "ev_hash",
-    "ev_tok",
-    "seq_mark",
-    "scr",
-    "meta_save",
-    "map_rec",
-    "unmap_rec",
-    "slots",
+
+class Field(NamedTuple):
+    """One array of an arena: its name, dtype, named dimensions and meaning."""
+
+    name: str
+    dtype: type
+    dims: tuple[str, ...]
+    doc: str
+
+
+STATE_FIELDS = (
+    Field("ref", np.int32, ("blocks",), "Reference count of every block."),
+    Field("lru_prev", np.int32, ("blocks",), "Back link of the LRU list of cached blocks."),
+    Field("lru_next", np.int32, ("blocks",), "Forward link of the LRU list (head: least recent)."),
+    Field(
+        "free_stack",
+        np.int32,
+        ("blocks",),
+        "Free block ids; the first ``meta[M_FREE_TOP]`` are live, the last is popped first.",
+    ),
+    Field("block_hash", np.uint64, ("blocks",), "Chained content hash of a full, hashed block."),
+    Field("block_salt", np.int64, ("blocks",), "Salt of the sequence that filled the block."),
+    Field("block_flags", np.uint8, ("blocks",), "``F_KNOWN | F_HASHED | F_REGISTERED`` bits."),
+    Field("tokens", np.int64, ("blocks", "block_size"), "Token payload; -1 where no id is known."),
+    Field("htab", np.int32, ("table",), "Open-addressing prefix table of registered block ids."),
+    Field(
+        "seq_table",
+        np.int32,
+        ("seqs", "blocks_per_seq"),
+        "Block table of every sequence slot, padded with -1.",
+    ),
+    Field("seq_len", np.int64, ("seqs",), "Tokens held by every slot."),
+    Field("seq_gen", np.int64, ("seqs",), "Generation of the slot's current or last occupant."),
+    Field("seq_salt", np.int64, ("seqs",), "Prefix-cache salt of every slot."),
+    Field("seq_live", np.uint8, ("seqs",), "1 while the slot holds a live sequence."),
+    Field(
+        "slot_stack",
+        np.int32,
+        ("seqs",),
+        "Free sequence slots; the first ``meta[M_SLOT_TOP]`` are live.",
+    ),
+    Field("meta", np.int64, ("meta",), "Counters, stack tops and list ends (``M_*``)."),
+    # Two-level allocation: one entry per virtual page (none without a page pool).
+    Field("page_phys", np.int32, ("pages",), "Physical page backing a virtual page, or -1."),
+    Field("page_free", np.int32, ("pages",), "Free blocks of a mapped page (0 when unmapped)."),
+    Field("page_used", np.int32, ("pages",), "Blocks of the page with refcount >= 1."),
+    Field("page_head", np.int32, ("pages",), "Top of the page's free-block list, or -1."),
+    Field("bucket_prev", np.int32, ("pages",), "Back link of the page's bucket list."),
+    Field("bucket_next", np.int32, ("pages",), "Forward link of the page's bucket list."),
+    Field("co_prev", np.int32, ("pages",), "Back link of the cache-only page list."),
+    Field("co_next", np.int32, ("pages",), "Forward link of the cache-only page list."),
+    Field(
+        "vstack",
+        np.int32,
+        ("pages",),
+        "Unmapped virtual pages; the first ``meta[M_VTOP]`` are live, the last is popped first.",
+    ),
+    Field("page_stamp", np.int64, ("pages",), "Pool clock tick at which a page became cache-only."),
+    Field("block_next", np.int32, ("paged_blocks",), "Next block of the same page's free list."),
+    Field(
+        "buckets",
+        np.int32,
+        ("blocks_per_page",),
+        "Front page of the bucket of mapped pages with ``c`` free blocks (index ``c``), or -1.",
+    ),
 )
 
+SCRATCH_FIELDS = (
+    Field("ulog", np.int64, ("log_rows", "three"), "Undo log: (code, index, old value) rows."),
+    Field("ev_ids", np.int64, ("records",), "Blocks evicted by the current call."),
+    Field("ev_hash", np.uint64, ("records",), "Their hashes."),
+    Field("ev_tok", np.int64, ("payload_rows", "block_size"), "Their payloads (when kept)."),
+    Field("seq_mark", np.int64, ("seqs",), "Call stamp per slot, for duplicate-id detection."),
+    Field("scr", np.int64, ("scr",), "Control slots of the current call (``S_*``)."),
+    Field("meta_save", np.int64, ("meta",), "``meta`` at the start of a logged call."),
+    Field("map_rec", np.int64, ("pages", "two"), "(physical, virtual) of each page mapped."),
+    Field("unmap_rec", np.int64, ("pages", "two"), "(physical, virtual) of each page unmapped."),
+    Field("slots", np.int64, ("seqs",), "Room for the slots of a call's ids."),
+)
 
-class State(NamedTuple):
-    """The allocator state of one manager as named arrays.
+assert len(STATE_FIELDS) + len(SCRATCH_FIELDS) <= MAX_FIELDS
 
-    ``BlockManager.state`` holds read-only views, ``BlockManager.snapshot()`` copies. Compare two
-    of them field by field with ``numpy.array_equal``.
 
-    Attributes
-    ----------
-    ref : int32[num_blocks]
-        Reference count of every block.
-    lru_prev, lru_next : int32[num_blocks]
-        Links of the intrusive LRU list of cached blocks (meaningful only for cached blocks).
-    block_hash : uint64[num_blocks]
-        Chained content hash of a full, hashed block.
-    block_salt : int64[num_blocks]
-        Salt of the sequence that filled the block (prefix reuse never crosses salts).
-    block_flags : uint8[num_blocks]
-        ``F_KNOWN | F_HASHED | F_REGISTERED`` bits.
-    tokens : int64[num_blocks, block_size]
-        Token payload; -1 where no token id is known.
-    free_stack : int32[num_blocks]
-        Free block ids; the first ``meta[M_FREE_TOP]`` entries are live, the last one is popped
-        first.
-    htab : int32[capacity]
-        Open-addressing (linear probing) prefix table of registered block ids.
-    seq_table : int32[max_seqs, max_blocks_per_seq]
-        Block table of every sequence slot, padded with -1.
-    seq_len : int64[max_seqs]
-        Tokens held by every slot.
-    seq_gen : int64[max_seqs]
-        Generation of the slot's current or last occupant (the high bits of its id).
-    seq_salt : int64[max_seqs]
-        Prefix-cache salt of every slot.
-    seq_live : uint8[max_seqs]
-        1 while the slot holds a live sequence.
-    slot_stack : int32[max_seqs]
-        Free sequence slots; the first ``meta[M_SLOT_TOP]`` entries are live.
-    meta : int64[META_SIZE]
-        Counters, stack tops and list ends (see the ``M_*`` constants).
-    pages : int32[num_pages, PG_COLS]
-        Per virtual page (with a page pool; 0 rows without): physical page, free and
-        referenced block counts, free-list top, bucket and cache-only list links, and the
-        stack of unmapped virtual pages (see the ``PG_*`` constants).
-    page_stamp : int64[num_pages]
-        Pool clock tick at which a page became cache-only.
-    block_next : int32[num_blocks]
-        Next block of the same page's free list (with a page pool; empty without).
-    buckets : int32[blocks_per_page]
-        Front page of the bucket of mapped pages with ``c`` free blocks (index ``c``), or -1.
-    """
+def _state_doc() -> str:
+    lines = [
+        "The allocator state of one manager as named arrays (generated from ``STATE_FIELDS``).",
+        "",
+        "``BlockManager.state`` holds read-only views, ``BlockManager.snapshot()`` copies.",
+        "Compare two of them field by field with ``numpy.array_equal``.",
+        "",
+        "Attributes",
+        "----------",
+    ]
+    for f in STATE_FIELDS:
+        lines += [f"{f.name} : {np.dtype(f.dtype).name}[{', '.join(f.dims)}]", f"    {f.doc}"]
+    return "\n".join(lines)
 
-    ref: np.ndarray
-    lru_prev: np.ndarray
-    lru_next: np.ndarray
-    block_hash: np.ndarray
-    block_salt: np.ndarray
-    block_flags: np.ndarray
-    tokens: np.ndarray
-    free_stack: np.ndarray
-    htab: np.ndarray
-    seq_table: np.ndarray
-    seq_len: np.ndarray
-    seq_gen: np.ndarray
-    seq_salt: np.ndarray
-    seq_live: np.ndarray
-    slot_stack: np.ndarray
-    meta: np.ndarray
-    pages: np.ndarray
-    page_stamp: np.ndarray
-    block_next: np.ndarray
-    buckets: np.ndarray
+
+State = NamedTuple("State", [(f.name, np.ndarray) for f in STATE_FIELDS])
+State.__doc__ = _state_doc()
 
 
 def table_capacity(num_blocks: int) -> int:
@@ -183,24 +188,60 @@ def table_capacity(num_blocks: int) -> int:
     return 1 << max(4, int(3 * num_blocks - 1).bit_length())
 
 
-def _arena(fields: list[tuple[str, type, tuple[int, ...]]]) -> tuple[np.ndarray, dict]:
-    """One 64-byte aligned uint8 buffer holding ``fields`` (name, dtype, shape) and its header."""
-    assert len(fields) <= MAX_FIELDS
-    layout, offset = [], HEADER_BYTES
-    for name, dtype, shape in fields:
-        nbytes = int(np.dtype(dtype).itemsize * np.prod(shape, dtype=np.int64))
-        layout.append((name, dtype, shape, offset, nbytes))
-        offset += -(-nbytes // _ALIGN) * _ALIGN
-    raw = np.zeros(offset + _ALIGN, dtype=np.uint8)
+def arena_bytes(fields: tuple[Field, ...], dims: dict[str, int]) -> int:
+    """Bytes of the arena holding ``fields`` with dimension values ``dims`` (header included)."""
+    total = HEADER_BYTES
+    for f in fields:
+        nbytes = np.dtype(f.dtype).itemsize * int(np.prod([dims[d] for d in f.dims]))
+        total += -(-nbytes // _ALIGN) * _ALIGN
+    return total
+
+
+def _arena(fields: tuple[Field, ...], dims: dict[str, int]) -> tuple[np.ndarray, dict]:
+    """One 64-byte aligned uint8 buffer holding ``fields`` and its header."""
+    size = arena_bytes(fields, dims)
+    raw = np.zeros(size + _ALIGN, dtype=np.uint8)
     start = (-raw.ctypes.data) % _ALIGN  # so that every field starts 64-byte aligned
-    arena = raw[start : start + offset]
+    arena = raw[start : start + size]
     header = arena[:HEADER_BYTES].view(np.int64)
-    views = {}
-    for i, (name, dtype, shape, field_offset, nbytes) in enumerate(layout):
-        dims = (*shape, 0) if len(shape) == 1 else shape
-        header[HEADER_SLOTS * i : HEADER_SLOTS * (i + 1)] = (field_offset, nbytes, *dims)
-        views[name] = arena[field_offset : field_offset + nbytes].view(dtype).reshape(shape)
+    views, offset = {}, HEADER_BYTES
+    for i, f in enumerate(fields):
+        shape = tuple(dims[d] for d in f.dims)
+        itemsize = np.dtype(f.dtype).itemsize
+        nbytes = itemsize * int(np.prod(shape))
+        second = shape[1] if len(shape) == 2 else 0
+        header[HEADER_SLOTS * i : HEADER_SLOTS * (i + 1)] = (
+            offset,
+            nbytes,
+            itemsize,
+            shape[0],
+            second,
+        )
+        views[f.name] = arena[offset : offset + nbytes].view(f.dtype).reshape(shape)
+        offset += -(-nbytes // _ALIGN) * _ALIGN
     return arena, views
+
+
+def state_dims(
+    num_blocks: int,
+    block_size: int,
+    max_seqs: int,
+    max_blocks_per_seq: int,
+    blocks_per_page: int = 0,
+) -> dict[str, int]:
+    """Values of the dimensions named in :data:`STATE_FIELDS`."""
+    k = blocks_per_page
+    return {
+        "blocks": num_blocks,
+        "block_size": block_size,
+        "table": table_capacity(num_blocks),
+        "seqs": max_seqs,
+        "blocks_per_seq": max_blocks_per_seq,
+        "meta": META_SIZE,
+        "pages": num_blocks // k if k else 0,
+        "paged_blocks": num_blocks if k else 0,
+        "blocks_per_page": k,
+    }
 
 
 def new_state(
@@ -235,31 +276,8 @@ def new_state(
         slot free (popped in slot order).
     """
     n, m, k = num_blocks, max_seqs, blocks_per_page
-    num_pages = n // k if k else 0
-    arena, v = _arena(
-        [
-            ("ref", np.int32, (n,)),
-            ("lru_prev", np.int32, (n,)),
-            ("lru_next", np.int32, (n,)),
-            ("free_stack", np.int32, (n,)),
-            ("block_hash", np.uint64, (n,)),
-            ("block_salt", np.int64, (n,)),
-            ("block_flags", np.uint8, (n,)),
-            ("tokens", np.int64, (n, block_size)),
-            ("htab", np.int32, (table_capacity(n),)),
-            ("seq_table", np.int32, (m, max_blocks_per_seq)),
-            ("seq_len", np.int64, (m,)),
-            ("seq_gen", np.int64, (m,)),
-            ("seq_salt", np.int64, (m,)),
-            ("seq_live", np.uint8, (m,)),
-            ("slot_stack", np.int32, (m,)),
-            ("meta", np.int64, (META_SIZE,)),
-            ("pages", np.int32, (num_pages, PG_COLS)),
-            ("page_stamp", np.int64, (num_pages,)),
-            ("block_next", np.int32, (n if k else 0,)),
-            ("buckets", np.int32, (k,)),
-        ]
-    )
+    dims = state_dims(n, block_size, m, max_blocks_per_seq, k)
+    arena, v = _arena(STATE_FIELDS, dims)
     state = State(**v)
     state.lru_prev[:] = NIL
     state.lru_next[:] = NIL
@@ -278,10 +296,10 @@ def new_state(
     meta[M_MAX_SEQ_LEN] = max_seq_len
     if k:
         # Every virtual page unmapped, popped in order 0, 1, ...; no block on the free stack.
-        state.pages[:] = NIL
-        state.pages[:, PG_FREE] = 0
-        state.pages[:, PG_USED] = 0
-        state.pages[:, PG_VSTACK] = np.arange(num_pages - 1, -1, -1)
+        num_pages = dims["pages"]
+        for name in ("page_phys", "page_head", "bucket_prev", "bucket_next", "co_prev", "co_next"):
+            v[name][:] = NIL
+        state.vstack[:] = np.arange(num_pages - 1, -1, -1)
         state.block_next[:] = NIL
         state.buckets[:] = NIL
         meta[M_PAGE_K] = k
@@ -291,6 +309,24 @@ def new_state(
         meta[M_CO_HEAD] = NIL
         meta[M_CO_TAIL] = NIL
     return arena, state
+
+
+def scratch_dims(
+    block_size: int, max_seqs: int, rows: int, log_rows: int, payload: bool, num_pages: int = 0
+) -> dict[str, int]:
+    """Values of the dimensions named in :data:`SCRATCH_FIELDS`."""
+    return {
+        "log_rows": log_rows,
+        "three": 3,
+        "records": rows,
+        "payload_rows": rows if payload else 0,
+        "block_size": block_size,
+        "seqs": max_seqs,
+        "scr": SCR_SIZE,
+        "meta": META_SIZE,
+        "pages": num_pages,
+        "two": 2,
+    }
 
 
 def new_scratch(
@@ -315,19 +351,12 @@ def new_scratch(
     -------
     arena : numpy.ndarray of uint8
     views : dict
-        Views named as :data:`SCRATCH_FIELDS`.
+        Views named as in :data:`SCRATCH_FIELDS`.
     """
-    return _arena(
-        [
-            ("ulog", np.int64, (log_rows, 3)),
-            ("ev_ids", np.int64, (rows,)),
-            ("ev_hash", np.uint64, (rows,)),
-            ("ev_tok", np.int64, (rows if payload else 0, block_size)),
-            ("seq_mark", np.int64, (max_seqs,)),
-            ("scr", np.int64, (SCR_SIZE,)),
-            ("meta_save", np.int64, (META_SIZE,)),
-            ("map_rec", np.int64, (num_pages, 2)),
-            ("unmap_rec", np.int64, (num_pages, 2)),
-            ("slots", np.int64, (max_seqs,)),
-        ]
-    )
+    dims = scratch_dims(block_size, max_seqs, rows, log_rows, payload, num_pages)
+    return _arena(SCRATCH_FIELDS, dims)
+
+
+#: Index of every state field in :data:`STATE_FIELDS`, by name (``FIELD.ref``, ...): the code
+#: of an undo-log entry that writes one element of that field.
+FIELD = NamedTuple("FieldIds", [(f.name, int) for f in STATE_FIELDS])(*range(len(STATE_FIELDS)))

@@ -17,12 +17,7 @@ from kvnumba._dispatch import compiled
 from kvnumba._inputs import index_array, positive_int
 from kvnumba._kernels.check import MESSAGES
 from kvnumba._kernels.sequences import SLOT_BITS, SLOT_MASK
-from kvnumba._kernels.undo import (
-    LOG_PER_BLOCK,
-    LOG_PER_BLOCK_PAGED,
-    LOG_PER_PAGE,
-    LOG_PER_SEQUENCE,
-)
+from kvnumba._kernels.undo import undo_log_rows
 from kvnumba._paged import PagedCalls
 from kvnumba._state import (
     M_ALLOCATIONS,
@@ -77,16 +72,6 @@ def _loader(manager, name: str, attribute: str):
         return kernel(*args)
 
     return load
-
-
-def undo_log_rows(blocks: int, prompts: int, blocks_per_page: int, num_pages: int) -> int:
-    """Undo-log entries a logged call taking at most ``blocks`` blocks can write.
-
-    The same bound as the admit kernel's (``kernels/admit.py``).
-    """
-    per_block = LOG_PER_BLOCK_PAGED if blocks_per_page else LOG_PER_BLOCK
-    maps = min(num_pages, blocks)
-    return per_block * blocks + LOG_PER_SEQUENCE * prompts + (blocks_per_page + LOG_PER_PAGE) * maps
 
 
 DEFAULT_MAX_SEQS = 1024

@@ -18,12 +18,6 @@ from kvnumba._state import (
     M_FREE_TOP,
     M_MAPPED,
     M_VTOP,
-    PG_BPREV,
-    PG_FREE,
-    PG_HEAD,
-    PG_PHYS,
-    PG_USED,
-    PG_VSTACK,
 )
 
 
@@ -43,7 +37,7 @@ def paged_manager():
 
 
 def dup_vstack(s):
-    s.pages[1, PG_VSTACK] = s.pages[0, PG_VSTACK]
+    s.vstack[1] = s.vstack[0]
 
 
 def dirty_unmapped(s):
@@ -51,23 +45,23 @@ def dirty_unmapped(s):
 
 
 def foreign_phys(s):
-    s.pages[2, PG_PHYS] = 5  # a free physical page
+    s.page_phys[2] = 5  # a free physical page
 
 
 def foreign_free_block(s):
-    s.pages[2, PG_HEAD] = 0  # block 0 belongs to page 0
+    s.page_head[2] = 0  # block 0 belongs to page 0
 
 
 def free_count(s):
-    s.pages[2, PG_FREE] = 1
+    s.page_free[2] = 1
 
 
 def used_count(s):
-    s.pages[2, PG_USED] = 1 + s.pages[2, PG_USED]
+    s.page_used[2] = 1 + s.page_used[2]
 
 
 def bucket_link(s):
-    s.pages[2, PG_BPREV] = 0
+    s.bucket_prev[2] = 0
 
 
 def empty_bucket(s):

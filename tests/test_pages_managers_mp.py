@@ -26,7 +26,7 @@ import pytest
 
 from kvnumba import BlockManager, PagePool, PoolExhausted
 from kvnumba._kernels import pool as K
-from kvnumba._state import NIL, PG_PHYS
+from kvnumba._state import NIL
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="needs /proc and POSIX shared memory"
@@ -85,7 +85,7 @@ def _verify_pages(pool: PagePool, mgr: BlockManager) -> list[str]:
     errors = []
     pid = os.getpid()
     with pool.lock():
-        phys = mgr.state.pages[:, PG_PHYS]
+        phys = mgr.state.page_phys
         virtual = np.flatnonzero(phys != NIL)
         mapped = mgr.mapped_pages()
         owner = pool.state.owner

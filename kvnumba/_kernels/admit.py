@@ -3,24 +3,16 @@
 from numba import njit
 
 from kvnumba._kernels.append import append_tokens
+from kvnumba._kernels.blocks import claim_cached
 from kvnumba._kernels.geometry import blocks_of
-from kvnumba._kernels.lru import lru_unlink
-from kvnumba._kernels.paging import free_now, page_gain_ref
+from kvnumba._kernels.paging import free_now
 from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
+from kvnumba._kernels.rollback import rollback
 from kvnumba._kernels.sequences import open_slot
-from kvnumba._kernels.undo import (
-    LOG_PER_BLOCK,
-    LOG_PER_BLOCK_PAGED,
-    LOG_PER_PAGE,
-    LOG_PER_SEQUENCE,
-    U_REF,
-    U_SEQLEN,
-    U_SEQTAB,
-    log_write,
-    rollback,
-)
-from kvnumba._kernels.views import unpack, unpack_pages
+from kvnumba._kernels.undo import log_write, undo_log_rows_kernel
+from kvnumba._kernels.views import views
 from kvnumba._state import (
+    FIELD,
     M_CACHED,
     M_HASH_BITS,
     M_MAX_SEQ_LEN,
@@ -29,7 +21,6 @@ from kvnumba._state import (
     M_PREFIX_HITS,
     M_PREFIX_QUERIES,
     M_SLOT_TOP,
-    M_USED,
     S_EV_N,
     S_EV_PAYLOAD,
     S_FAILED,
@@ -51,28 +42,29 @@ from kvnumba.errors import (
 )
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def lookup_prefix(prompt, salt, hits, ref, block_hash, block_salt, tokens, htab, meta):
+@njit(cache=True, _nrt=False)
+def lookup_prefix(prompt, salt, hits, arena, scratch):
     """Registered blocks matching the prompt's leading full blocks, in order, into ``hits``.
 
     At most ``(len(prompt) - 1) // block_size`` blocks are looked up (the last prompt token is
     always computed); the walk stops at the first miss. Returns (hits, hits at refcount 0).
     """
-    if meta[M_PREFIX_CACHING] == 0:
+    v = views(arena, scratch, scratch)
+    if v.meta[M_PREFIX_CACHING] == 0:
         return 0, 0
-    block_size = tokens.shape[1]
+    block_size = v.tokens.shape[1]
     parent = root_hash()
     num_hits = 0
     num_cached = 0
     for pos in range((prompt.shape[0] - 1) // block_size):
         chunk = prompt[pos * block_size : (pos + 1) * block_size]
-        h = chain_hash(parent, salt, chunk, meta[M_HASH_BITS])
-        b = table_find(htab, block_hash, block_salt, tokens, h, salt, chunk)
+        h = chain_hash(parent, salt, chunk, v.meta[M_HASH_BITS])
+        b = table_find(v, h, salt, chunk)
         if b < 0:
             break
         hits[num_hits] = b
         num_hits += 1
-        if ref[b] == 0:
+        if v.ref[b] == 0:
             num_cached += 1
         parent = h
     return num_hits, num_cached
@@ -85,11 +77,10 @@ def validate_admit(tokens_in, lengths, salts, arena, scratch):
     Value errors first, then too long, then too many, as the reference model. Validation takes
     precedence over capacity and changes nothing.
     """
-    (_, _, _, _, _, _, _, tokens, _, _, _, _, _, _, _, meta, _, _, _, _, _, _, _) = unpack(
-        arena, scratch
-    )
+    v = views(arena, scratch, scratch)
+    max_len = v.meta[M_MAX_SEQ_LEN]
     num_prompts = lengths.shape[0]
-    block_size = tokens.shape[1]
+    block_size = v.tokens.shape[1]
     total = 0
     mismatch = False
     bound = 0
@@ -103,7 +94,7 @@ def validate_admit(tokens_in, lengths, salts, arena, scratch):
         else:
             total += lengths[p]
         # A prompt beyond max_seq_len is rejected below; clamping keeps the bound from wrapping.
-        blocks = blocks_of(min(lengths[p], meta[M_MAX_SEQ_LEN] + 1), block_size)
+        blocks = blocks_of(min(lengths[p], max_len + 1), block_size)
         bound += blocks
         longest = max(longest, blocks)
     if mismatch or total != tokens_in.shape[0] or salts.shape[0] != num_prompts:
@@ -112,44 +103,30 @@ def validate_admit(tokens_in, lengths, salts, arena, scratch):
         if tokens_in[j] < 0:
             return ST_BAD_TOKEN, j, 0, 0, 0
     for p in range(num_prompts):
-        if lengths[p] > meta[M_MAX_SEQ_LEN]:
+        if lengths[p] > max_len:
             return ST_TOO_LONG, p, 0, 0, 0
-    if num_prompts > meta[M_SLOT_TOP]:
+    if num_prompts > v.meta[M_SLOT_TOP]:
         return ST_TOO_MANY_SEQS, -1, 0, 0, 0
     return ST_OK, -1, total, bound, longest
 
 
 @njit(cache=True, _nrt=False)
 def run_admit(
-    tokens_in,
-    lengths,
-    salts,
-    atomic,
-    bound,
-    ids,
-    num_cached_tokens,
-    slot_mapping,
-    ok,
-    hits,
-    arena,
-    scratch,
-    pool,
-):
+    tokens_in, lengths, salts, atomic, bound, ids, num_cached_tokens, slot_mapping, ok, hits,
+    arena, scratch, pool,
+):  # fmt: skip
     """Admit validated prompts; returns (status, failing prompt, needed, available, slots used).
 
     ``ids`` arrives filled with -1 and ``num_cached_tokens`` with 0; every entry of
     ``slot_mapping`` up to the returned count is written;
     ``hits`` has room for one sequence's blocks.
     """
-    (ref, lru_prev, lru_next, free_stack, block_hash, block_salt, block_flags, tokens, htab,
-     seq_table, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, ev_ids, ev_hash,
-     ev_tok, _, scr, meta_save) = unpack(arena, scratch)  # fmt: skip
+    v = views(arena, scratch, pool)
+    meta, scr = v.meta, v.scr
     num_prompts = lengths.shape[0]
-    block_size = tokens.shape[1]
-    width = seq_table.shape[1]
-    paged = meta[M_PAGE_K] != 0
-    pages, _, _, _, _, _ = unpack_pages(arena, scratch)
-    free = free_now(meta, pool)
+    block_size = v.tokens.shape[1]
+    width = v.seq_table.shape[1]
+    free = free_now(v)
     available = free + meta[M_CACHED]
     # Later prompts depend on what earlier ones did, so an atomic call of several prompts keeps
     # an undo log; any other call checks each prompt's exact need before it writes anything.
@@ -158,21 +135,17 @@ def run_admit(
     logged = atomic and num_prompts > 1 and bound > available
     evictions = min(bound, available) - free
     payload = logged or scr[S_EV_PAYLOAD] != 0
-    # The same bound as the facade's (manager.undo_log_rows): a page mapped by the call writes
-    # its free list (k entries) and a few page fields.
-    log_size = (LOG_PER_BLOCK_PAGED if paged else LOG_PER_BLOCK) * bound
-    log_size += LOG_PER_SEQUENCE * num_prompts
-    log_size += (meta[M_PAGE_K] + LOG_PER_PAGE) * min(pages.shape[0], bound)
+    log_size = undo_log_rows_kernel(bound, num_prompts, meta[M_PAGE_K], v.page_phys.shape[0])
     if (
-        evictions > ev_ids.shape[0]
-        or (payload and evictions > ev_tok.shape[0])
-        or (logged and log_size > ulog.shape[0])
+        evictions > v.ev_ids.shape[0]
+        or (payload and evictions > v.ev_tok.shape[0])
+        or (logged and log_size > v.ulog.shape[0])
     ):
         return ST_NEED_BUFFERS, -1, bound, available, 0
     saved_payload_flag = scr[S_EV_PAYLOAD]
     if logged:
         for j in range(meta.shape[0]):
-            meta_save[j] = meta[j]
+            v.meta_save[j] = meta[j]
         scr[S_LOG_N] = 0
         scr[S_LOG_ON] = 1
         scr[S_EV_PAYLOAD] = 1
@@ -187,11 +160,9 @@ def run_admit(
         length = lengths[p]
         salt = salts[p]
         prompt = tokens_in[start : start + length]
-        num_hits, cached_hits = lookup_prefix(
-            prompt, salt, hits, ref, block_hash, block_salt, tokens, htab, meta
-        )
+        num_hits, cached_hits = lookup_prefix(prompt, salt, hits, arena, scratch)
         need = blocks_of(length, block_size) - num_hits
-        if need > free_now(meta, pool) + meta[M_CACHED] - cached_hits:
+        if need > free_now(v) + meta[M_CACHED] - cached_hits:
             if not atomic:
                 scr[S_FAILED] += 1
                 for j in range(length):
@@ -202,20 +173,11 @@ def run_admit(
             # Report what the whole call would take, later prompts looked up as things stand,
             # and what it lacks here: this prompt's cached hits use up capacity too.
             needed += need
-            short = need - (free_now(meta, pool) + meta[M_CACHED] - cached_hits)
+            short = need - (free_now(v) + meta[M_CACHED] - cached_hits)
             later = start + length
             for q in range(p + 1, num_prompts):
-                q_hits, _ = lookup_prefix(
-                    tokens_in[later : later + lengths[q]],
-                    salts[q],
-                    hits,
-                    ref,
-                    block_hash,
-                    block_salt,
-                    tokens,
-                    htab,
-                    meta,
-                )
+                q_prompt = tokens_in[later : later + lengths[q]]
+                q_hits, _ = lookup_prefix(q_prompt, salts[q], hits, arena, scratch)
                 needed += blocks_of(lengths[q], block_size) - q_hits
                 short += blocks_of(lengths[q], block_size) - q_hits
                 later += lengths[q]
@@ -229,63 +191,34 @@ def run_admit(
                 ok[q] = False
             return ST_POOL_EXHAUSTED, p, needed, available, 0
         needed += need
-        slot, new_id = open_slot(
-            salt, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, scr
-        )
+        slot, new_id = open_slot(v, salt)
         ids[p] = new_id
         for pos in range(num_hits):
             b = hits[pos]
-            if ref[b] == 0:
-                lru_unlink(b, lru_prev, lru_next, meta, ulog, scr)
-                meta[M_USED] += 1
-                if paged:
-                    page_gain_ref(b // meta[M_PAGE_K], pages, meta, ulog, scr)
-            log_write(ulog, scr, U_REF, b, ref[b])
-            ref[b] += 1
-            log_write(ulog, scr, U_SEQTAB, slot * width + pos, seq_table[slot, pos])
-            seq_table[slot, pos] = b
+            if v.ref[b] == 0:
+                claim_cached(v, b)
+            log_write(v, FIELD.ref, b, v.ref[b])
+            v.ref[b] += 1
+            log_write(v, FIELD.seq_table, slot * width + pos, v.seq_table[slot, pos])
+            v.seq_table[slot, pos] = b
         cached = num_hits * block_size
-        log_write(ulog, scr, U_SEQLEN, slot, seq_len[slot])
-        seq_len[slot] = cached
+        log_write(v, FIELD.seq_len, slot, v.seq_len[slot])
+        v.seq_len[slot] = cached
         if meta[M_PREFIX_CACHING] != 0:
             meta[M_PREFIX_QUERIES] += (length - 1) // block_size
             meta[M_PREFIX_HITS] += num_hits
+        # ``hits`` stands in for the copy-on-write pairs, never written: a fresh sequence's
+        # tail is full or empty.
         append_tokens(
-            slot,
-            length - cached,
-            tokens_in,
-            start + cached,
-            True,
-            slot_mapping,
-            out,
-            hits,  # never written: a fresh sequence's tail is full or empty, so no COW
-            hits,
-            0,
-            ref,
-            lru_prev,
-            lru_next,
-            block_hash,
-            block_salt,
-            block_flags,
-            tokens,
-            free_stack,
-            htab,
-            seq_table,
-            seq_len,
-            seq_salt,
-            meta,
-            ulog,
-            scr,
-            (ev_ids, ev_hash, ev_tok),
-            arena,
-            scratch,
-            pool,
-        )
+            v, slot, length - cached, tokens_in, start + cached, True, slot_mapping, out, hits,
+            hits, 0,
+        )  # fmt: skip
         num_cached_tokens[p] = cached
         ok[p] = True
         out += length - cached
         start += length
     scr[S_LOG_ON] = 0
     scr[S_EV_PAYLOAD] = saved_payload_flag
-    table_purge_evicted(htab, block_hash, ev_hash, scr[S_EV_N])
+    if scr[S_EV_N] > 0:
+        table_purge_evicted(v)
     return ST_OK, -1, needed, available, out

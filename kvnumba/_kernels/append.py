@@ -7,10 +7,11 @@ from kvnumba._kernels.geometry import blocks_of, div_block, mod_block
 from kvnumba._kernels.paging import free_now
 from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.sequences import resolve
-from kvnumba._kernels.undo import U_FLAGS, U_REF, U_SEQLEN, U_SEQTAB, log_write
-from kvnumba._kernels.views import unpack
+from kvnumba._kernels.undo import log_write, set_logged
+from kvnumba._kernels.views import views
 from kvnumba._state import (
     F_KNOWN,
+    FIELD,
     M_ALLOCATIONS,
     M_CACHED,
     M_COW_COPIES,
@@ -53,93 +54,49 @@ def blocks_needed(slot, count, ref, block_size, seq_table, seq_len):
     return need
 
 
+@njit(cache=True, _nrt=False)
+def copy_on_write(v, slot, pos):
+    """Give ``slot`` a private copy of its shared partial tail block at ``pos``; returns the
+    copy. Once per sequence and call at most, so out of line."""
+    tail = v.seq_table[slot, pos]
+    # NOTE: the other holders keep the old block, so its payload stays untouched.
+    copy = take_block(v)
+    fill = v.seq_len[slot] - pos * v.tokens.shape[1]
+    for j in range(fill):
+        v.tokens[copy, j] = v.tokens[tail, j]
+    if (v.block_flags[tail] & F_KNOWN) == 0:
+        set_logged(v, v.block_flags, FIELD.block_flags, copy, 0)
+    log_write(v, FIELD.seq_table, slot * v.seq_table.shape[1] + pos, tail)
+    v.seq_table[slot, pos] = copy
+    set_logged(v, v.ref, FIELD.ref, tail, v.ref[tail] - 1)
+    v.meta[M_COW_COPIES] += 1
+    return copy
+
+
 @njit(cache=True, _nrt=False, inline="always")
 def append_tokens(
-    slot,
-    count,
-    src,
-    src_offset,
-    has_tokens,
-    slot_mapping,
-    out_offset,
-    cow_src,
-    cow_dst,
-    num_cow,
-    ref,
-    lru_prev,
-    lru_next,
-    block_hash,
-    block_salt,
-    block_flags,
-    tokens,
-    free_stack,
-    htab,
-    seq_table,
-    seq_len,
-    seq_salt,
-    meta,
-    ulog,
-    scr,
-    records,
-    arena,
-    scratch,
-    pool,
+    v, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset, cow_src, cow_dst, num_cow
 ):
     """Append ``count`` tokens to one sequence whose need the caller has checked.
-
-    ``records`` is ``(ev_ids, ev_hash, ev_tok)``: one argument instead of three keeps the call
-    under the 30 arguments CPython passes without packing them (which numba cannot inline).
 
     Writes the slots to ``slot_mapping[out_offset:]`` and a copy-on-write pair, if any, to
     ``cow_src/cow_dst[num_cow]``; returns the new number of COW pairs.
     """
     if count == 0:
         return num_cow
-    ev_ids, ev_hash, ev_tok = records
+    ref, block_flags, tokens, seq_table, meta = v.ref, v.block_flags, v.tokens, v.seq_table, v.meta
     block_size = tokens.shape[1]
     width = seq_table.shape[1]
-    length = seq_len[slot]
-    salt = seq_salt[slot]
-    fill = mod_block(length, block_size)
-    if fill != 0:
+    length = v.seq_len[slot]
+    if mod_block(length, block_size) != 0:
         pos = div_block(length, block_size)
         tail = seq_table[slot, pos]
         if ref[tail] > 1:
-            # NOTE: the other holders keep the old block, so its payload stays untouched.
-            copy = take_block(
-                ref,
-                lru_prev,
-                lru_next,
-                block_hash,
-                block_flags,
-                tokens,
-                free_stack,
-                htab,
-                meta,
-                ulog,
-                scr,
-                ev_ids,
-                ev_hash,
-                ev_tok,
-                arena,
-                scratch,
-                pool,
-            )
-            for j in range(fill):
-                tokens[copy, j] = tokens[tail, j]
-            if (block_flags[tail] & F_KNOWN) == 0:
-                log_write(ulog, scr, U_FLAGS, copy, block_flags[copy])
-                block_flags[copy] = 0
-            log_write(ulog, scr, U_SEQTAB, slot * width + pos, tail)
-            seq_table[slot, pos] = copy
-            log_write(ulog, scr, U_REF, tail, ref[tail])
-            ref[tail] -= 1
             cow_src[num_cow] = tail
-            cow_dst[num_cow] = copy
+            cow_dst[num_cow] = copy_on_write(v, slot, pos)
             num_cow += 1
-            meta[M_COW_COPIES] += 1
     # Fill block by block: one take per new block, then a tight loop over its new slots.
-    logging = scr[S_LOG_ON] != 0
+    logging = v.scr[S_LOG_ON] != 0
     done = 0
     while done < count:
         p = length + done
@@ -152,7 +109,7 @@ def append_tokens(
             if whole > 0:
                 top = meta[M_FREE_TOP]
                 for q in range(whole):
-                    b = free_stack[top - 1 - q]
+                    b = v.free_stack[top - 1 - q]
                     ref[b] = 1
                     block_flags[b] = 0
                     seq_table[slot, pos + q] = b
@@ -166,35 +123,16 @@ def append_tokens(
                 done += whole * block_size
                 continue
         if offset == 0:
-            b = take_block(
-                ref,
-                lru_prev,
-                lru_next,
-                block_hash,
-                block_flags,
-                tokens,
-                free_stack,
-                htab,
-                meta,
-                ulog,
-                scr,
-                ev_ids,
-                ev_hash,
-                ev_tok,
-                arena,
-                scratch,
-                pool,
-            )
+            b = take_block(v)
             if logging:
-                log_write(ulog, scr, U_SEQTAB, slot * width + pos, seq_table[slot, pos])
+                log_write(v, FIELD.seq_table, slot * width + pos, seq_table[slot, pos])
             seq_table[slot, pos] = b
             if not has_tokens:
                 block_flags[b] = 0  # take_block logged the flags it replaced
         else:
             b = seq_table[slot, pos]
             if not has_tokens and block_flags[b] & F_KNOWN:
-                log_write(ulog, scr, U_FLAGS, b, block_flags[b])
-                block_flags[b] = block_flags[b] ^ F_KNOWN  # the bit is set: clear it
+                set_logged(v, block_flags, FIELD.block_flags, b, block_flags[b] ^ F_KNOWN)
         n = min(count - done, block_size - offset)
         first_slot = b * block_size + offset
         for j in range(n):
@@ -206,15 +144,13 @@ def append_tokens(
         # A block completed without token ids has unknown content: never hashed.
         if has_tokens and offset + n == block_size:
             parent = seq_table[slot, pos - 1] if pos > 0 else -1
-            register_full_block(
-                b, parent, salt, block_hash, block_salt, block_flags, tokens, htab, meta, ulog, scr
-            )
-    log_write(ulog, scr, U_SEQLEN, slot, length)
-    seq_len[slot] = length + count
+            register_full_block(v, b, parent, v.seq_salt[slot])
+    log_write(v, FIELD.seq_len, slot, length)
+    v.seq_len[slot] = length + count
     return num_cow
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
     """Check an append request, writing each id's slot; returns (status, bad index, tokens).
 
@@ -223,8 +159,7 @@ def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
     Whole-array checks come first (counts, token ids), then each id in input order (unknown or
     released, duplicate, too long), the same order as the reference model.
     """
-    (_, _, _, _, _, _, _, _, _, _, seq_len, seq_gen, _, seq_live, _, meta, _, _, _, _, seq_mark,
-     scr, _) = unpack(arena, scratch)  # fmt: skip
+    v = views(arena, scratch, scratch)
     if counts.shape[0] != ids.shape[0]:
         return ST_TOKEN_MISMATCH, -1, 0
     # The sum is compared with len(tokens) without ever exceeding it, so it cannot wrap.
@@ -244,29 +179,32 @@ def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
         for j in range(total):
             if tokens_in[j] < 0:
                 return ST_BAD_TOKEN, j, total
-    stamp = scr[S_STAMP] + 1
-    scr[S_STAMP] = stamp
+    stamp = v.scr[S_STAMP] + 1
+    v.scr[S_STAMP] = stamp
+    max_len = v.meta[M_MAX_SEQ_LEN]
     for i in range(ids.shape[0]):
-        status, slot = resolve(ids[i], seq_gen, seq_live)
+        status, slot = resolve(ids[i], v.seq_gen, v.seq_live)
         if status != ST_OK:
             return status, i, 0
-        if seq_mark[slot] == stamp:
+        if v.seq_mark[slot] == stamp:
             return ST_DUPLICATE_ID, i, 0
-        seq_mark[slot] = stamp
-        if counts[i] > meta[M_MAX_SEQ_LEN] - seq_len[slot]:
+        v.seq_mark[slot] = stamp
+        if counts[i] > max_len - v.seq_len[slot]:
             return ST_TOO_LONG, i, 0
         slots[i] = slot
     return ST_OK, -1, total
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def total_need(slots, counts, dropped, ref, block_size, seq_table, seq_len):
+def total_need(v, slots, counts, dropped):
     """Blocks an append of all ``slots``, served in order, takes.
 
     A shared partial tail is copied only by holders that still find it shared: once the other
     holders appended earlier in the same call, the last one writes in place. The refcount drops
     of those copies are simulated (``dropped`` records them) and undone before returning.
     """
+    ref, seq_table, seq_len = v.ref, v.seq_table, v.seq_len
+    block_size = v.tokens.shape[1]
     needed = 0
     for i in range(slots.shape[0]):
         slot = slots[i]
@@ -287,42 +225,28 @@ def total_need(slots, counts, dropped, ref, block_size, seq_table, seq_len):
 @njit(cache=True, _nrt=False)
 def append_need(slots, counts, dropped, arena, scratch, pool):
     """Blocks an atomic append of the validated ``slots`` takes, and what is available now."""
-    (ref, _, _, _, _, _, _, tokens, _, seq_table, seq_len, _, _, _, _, meta, _, _, _, _, _, _,
-     _) = unpack(arena, scratch)  # fmt: skip
-    need = total_need(slots, counts, dropped, ref, tokens.shape[1], seq_table, seq_len)
-    return need, free_now(meta, pool) + meta[M_CACHED]
+    v = views(arena, scratch, pool)
+    return total_need(v, slots, counts, dropped), free_now(v) + v.meta[M_CACHED]
 
 
 @njit(cache=True, _nrt=False)
 def run_append(
-    ids,
-    counts,
-    tokens_in,
-    has_tokens,
-    atomic,
-    slots,
-    slot_mapping,
-    cow_src,
-    cow_dst,
-    ok,
-    arena,
-    scratch,
-    pool,
-):
+    ids, counts, tokens_in, has_tokens, atomic, slots, slot_mapping, cow_src, cow_dst, ok, arena,
+    scratch, pool,
+):  # fmt: skip
     """Validate, then append; returns (status, bad index, needed, available, COW pairs).
 
     ``needed`` is exact when the call did not fit and an upper bound otherwise. Every entry of
     ``slot_mapping`` is written (-1 for a sequence that did not fit); ``cow_src`` doubles as the
     record of simulated refcount drops before it receives the copy pairs.
     """
-    (ref, lru_prev, lru_next, free_stack, block_hash, block_salt, block_flags, tokens, htab,
-     seq_table, seq_len, _, seq_salt, _, _, meta, ulog, ev_ids, ev_hash, ev_tok, _, scr,
-     _) = unpack(arena, scratch)  # fmt: skip
     status, bad, _ = validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch)
     if status != ST_OK:
         return status, bad, 0, 0, 0
-    block_size = tokens.shape[1]
-    free = free_now(meta, pool)
+    v = views(arena, scratch, pool)
+    meta, scr = v.meta, v.scr
+    block_size = v.tokens.shape[1]
+    free = free_now(v)
     available = free + meta[M_CACHED]
     # An upper bound on the need (new blocks plus one copy per sequence) reads no sequence
     # state; only a call that might not fit pays for the exact count.
@@ -331,13 +255,13 @@ def run_append(
         if counts[i] > 0:
             needed += blocks_of(counts[i], block_size) + 1
     if needed > available:
-        needed = total_need(slots, counts, cow_src, ref, block_size, seq_table, seq_len)
+        needed = total_need(v, slots, counts, cow_src)
         if atomic and needed > available:
             scr[S_SHORT] = needed - available
             return ST_POOL_EXHAUSTED, -1, needed, available, 0
     # Evictions happen only once the free stack is empty; the facade grows the record buffers.
     evictions = min(needed, available) - free
-    if evictions > ev_ids.shape[0] or (scr[S_EV_PAYLOAD] != 0 and evictions > ev_tok.shape[0]):
+    if evictions > v.ev_ids.shape[0] or (scr[S_EV_PAYLOAD] != 0 and evictions > v.ev_tok.shape[0]):
         return ST_NEED_BUFFERS, -1, evictions, available, 0
     num_cow = 0
     scr[S_EV_N] = 0
@@ -349,41 +273,14 @@ def run_append(
     for i in range(slots.shape[0]):
         # An atomic call already knows that everything fits; otherwise each sequence's need is
         # exact when taken just before it is served.
-        need = (
-            0 if atomic else blocks_needed(slots[i], counts[i], ref, block_size, seq_table, seq_len)
-        )
+        need = 0
+        if not atomic:
+            need = blocks_needed(slots[i], counts[i], v.ref, block_size, v.seq_table, v.seq_len)
         if need <= remaining:
             num_cow = append_tokens(
-                slots[i],
-                counts[i],
-                tokens_in,
-                offset,
-                has_tokens,
-                slot_mapping,
-                offset,
-                cow_src,
-                cow_dst,
-                num_cow,
-                ref,
-                lru_prev,
-                lru_next,
-                block_hash,
-                block_salt,
-                block_flags,
-                tokens,
-                free_stack,
-                htab,
-                seq_table,
-                seq_len,
-                seq_salt,
-                meta,
-                ulog,
-                scr,
-                (ev_ids, ev_hash, ev_tok),
-                arena,
-                scratch,
-                pool,
-            )
+                v, slots[i], counts[i], tokens_in, offset, has_tokens, slot_mapping, offset,
+                cow_src, cow_dst, num_cow,
+            )  # fmt: skip
             remaining -= need
             ok[i] = True
         else:
@@ -391,5 +288,6 @@ def run_append(
             for j in range(counts[i]):
                 slot_mapping[offset + j] = -1
         offset += counts[i]
-    table_purge_evicted(htab, block_hash, ev_hash, scr[S_EV_N])
+    if scr[S_EV_N] > 0:
+        table_purge_evicted(v)
     return ST_OK, -1, needed, available, num_cow

@@ -1,9 +1,17 @@
-"""Taking, releasing and registering single blocks: the O(1) steps every call is made of."""
+"""Taking, releasing and registering single blocks: the O(1) steps every call is made of.
+
+Hot and cold paths are split. What runs for nearly every block (pop the free stack, drop a
+reference, scrub and push a freed block) is inlined into the workers. What runs once per block
+at most and carries much code (eviction, taking from a page, returning a block to its page,
+hashing and registering a full block) is compiled once, out of line: these helpers take the
+three arenas (a few machine words each) and carve their own views, instead of being re-typed
+inside every worker that uses them.
+"""
 
 import numpy as np
 from numba import njit
 
-from kvnumba._kernels.lru import lru_push_tail, lru_unlink
+from kvnumba._kernels.links import lru_push_tail, lru_unlink
 from kvnumba._kernels.paging import cache_in_page, free_in_page, page_gain_ref, take_from_pages
 from kvnumba._kernels.prefix import (
     chain_hash,
@@ -12,20 +20,12 @@ from kvnumba._kernels.prefix import (
     table_insert,
     table_mark_evicted,
 )
-from kvnumba._kernels.undo import (
-    U_FLAGS,
-    U_HASH,
-    U_HASH_LOW,
-    U_REF,
-    U_SALT,
-    U_TOKROW,
-    log_write,
-)
-from kvnumba._kernels.views import unpack_pages
+from kvnumba._kernels.undo import U_TOKROW, log_write, set_logged
 from kvnumba._state import (
     F_HASHED,
     F_KNOWN,
     F_REGISTERED,
+    FIELD,
     M_ALLOCATIONS,
     M_EVICTIONS,
     M_FREE_TOP,
@@ -41,180 +41,139 @@ from kvnumba._state import (
 )
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def evict_block(
-    b, lru_prev, lru_next, block_hash, tokens, htab, meta, ulog, scr, ev_ids, ev_hash, ev_tok
-):
+@njit(cache=True, _nrt=False)
+def evict_block(v, b):
     """Reclaim cached block ``b``: off the LRU list, its table entry marked, payload recorded
     for ``on_evict`` and scrubbed. The caller sets its refcount and flags."""
-    lru_unlink(b, lru_prev, lru_next, meta, ulog, scr)
+    lru_unlink(v, b)
+    scr = v.scr
     record = scr[S_EV_N]
-    ev_ids[record] = b
-    ev_hash[record] = block_hash[b]
+    v.ev_ids[record] = b
+    v.ev_hash[record] = v.block_hash[b]
     if scr[S_EV_PAYLOAD] != 0:
-        for j in range(tokens.shape[1]):
-            ev_tok[record, j] = tokens[b, j]
-        log_write(ulog, scr, U_TOKROW, b, record)
+        for j in range(v.tokens.shape[1]):
+            v.ev_tok[record, j] = v.tokens[b, j]
+        log_write(v, U_TOKROW, b, record)
     scr[S_EV_N] = record + 1
-    table_mark_evicted(htab, meta, b, block_hash[b], record, ulog, scr)
-    tokens[b, :] = -1
-    meta[M_EVICTIONS] += 1
+    table_mark_evicted(v, b, v.block_hash[b], record)
+    v.tokens[b, :] = -1
+    v.meta[M_EVICTIONS] += 1
+
+
+@njit(cache=True, _nrt=False)
+def take_reclaimed(v):
+    """A block when the free stack is empty: from the pages (with a page pool), else the LRU
+    head, evicted. The caller has checked that one is available."""
+    b = NIL
+    paged = v.meta[M_PAGE_K] != 0
+    if paged:
+        b = take_from_pages(v)
+        if b != NIL:
+            log_write(v, U_TOKROW, b, -1)
+            return b
+    b = v.meta[M_LRU_HEAD]
+    evict_block(v, b)
+    if paged:
+        page_gain_ref(v, b // v.meta[M_PAGE_K])
+    return b
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def take_block(
-    ref,
-    lru_prev,
-    lru_next,
-    block_hash,
-    block_flags,
-    tokens,
-    free_stack,
-    htab,
-    meta,
-    ulog,
-    scr,
-    ev_ids,
-    ev_hash,
-    ev_tok,
-    arena,
-    scratch,
-    pool,
-):
-    """Hand out one block with refcount 1: the free stack's top, else the LRU head (evicted).
+def take_block(v):
+    """Hand out one block with refcount 1: the free stack's top, else :func:`take_reclaimed`.
 
-    With a page pool: a free block of the fullest mapped page, else a newly mapped page, else
-    the LRU head. The caller has checked that a block is available. Free blocks are always
-    scrubbed, so the returned block's payload reads -1.
+    Free blocks are always scrubbed, so the returned block's payload reads -1.
     """
+    meta = v.meta
     top = meta[M_FREE_TOP]
     # One test of the log switch instead of one per field: this runs once per block handed out.
-    logging = scr[S_LOG_ON] != 0
+    logging = v.scr[S_LOG_ON] != 0
     if top > 0:
-        b = free_stack[top - 1]
+        b = v.free_stack[top - 1]
         meta[M_FREE_TOP] = top - 1
         if logging:
-            log_write(ulog, scr, U_TOKROW, b, -1)
+            log_write(v, U_TOKROW, b, -1)
     else:
-        b = NIL
-        paged = meta[M_PAGE_K] != 0
-        if paged:
-            pages, _, block_next, buckets, map_rec, _ = unpack_pages(arena, scratch)
-            b = take_from_pages(pages, block_next, buckets, map_rec, meta, pool, ulog, scr)
-            if b != NIL:
-                log_write(ulog, scr, U_TOKROW, b, -1)
-        if b == NIL:
-            b = meta[M_LRU_HEAD]
-            evict_block(
-                b,
-                lru_prev,
-                lru_next,
-                block_hash,
-                tokens,
-                htab,
-                meta,
-                ulog,
-                scr,
-                ev_ids,
-                ev_hash,
-                ev_tok,
-            )
-            if paged:
-                pages, _, _, _, _, _ = unpack_pages(arena, scratch)
-                page_gain_ref(b // meta[M_PAGE_K], pages, meta, ulog, scr)
+        b = take_reclaimed(v)
     if logging:
-        log_write(ulog, scr, U_REF, b, ref[b])
-        log_write(ulog, scr, U_FLAGS, b, block_flags[b])
-    ref[b] = 1
-    block_flags[b] = F_KNOWN
+        log_write(v, FIELD.ref, b, v.ref[b])
+        log_write(v, FIELD.block_flags, b, v.block_flags[b])
+    v.ref[b] = 1
+    v.block_flags[b] = F_KNOWN
     meta[M_USED] += 1
     meta[M_ALLOCATIONS] += 1
     return b
 
 
+@njit(cache=True, _nrt=False)
+def return_to_page(v, b, cached):
+    """Page bookkeeping of block ``b`` that just lost its last reference: cached (on the LRU
+    list already) or freed (scrubbed, back on its page's free list)."""
+    if cached:
+        cache_in_page(v, b)
+    else:
+        free_in_page(v, b)
+
+
 @njit(cache=True, _nrt=False, inline="always")
-def drop_ref(
-    b,
-    ref,
-    lru_prev,
-    lru_next,
-    block_flags,
-    tokens,
-    free_stack,
-    meta,
-    ulog,
-    scr,
-    arena,
-    scratch,
-    pool,
-):
+def drop_ref(v, b):
     """Drop one reference; at zero a registered block is cached, any other block freed.
 
     With a page pool a freed block returns to its page, which is unmapped once empty.
     """
-    r = ref[b] - 1
-    log_write(ulog, scr, U_REF, b, ref[b])
-    ref[b] = r
+    r = v.ref[b] - 1
+    log_write(v, FIELD.ref, b, v.ref[b])
+    v.ref[b] = r
     if r == 0:
+        meta = v.meta
         meta[M_USED] -= 1
-        paged = meta[M_PAGE_K] != 0
-        if block_flags[b] & F_REGISTERED:
-            lru_push_tail(b, lru_prev, lru_next, meta, ulog, scr)
-            if paged:
-                pages, page_stamp, _, _, _, _ = unpack_pages(arena, scratch)
-                cache_in_page(b, pages, page_stamp, meta, pool, ulog, scr)
+        cached = (v.block_flags[b] & F_REGISTERED) != 0
+        if cached:
+            lru_push_tail(v, b)
         else:
-            tokens[b, :] = -1
-            log_write(ulog, scr, U_FLAGS, b, block_flags[b])
-            block_flags[b] = 0
-            if paged:
-                pages, page_stamp, block_next, buckets, _, unmap_rec = unpack_pages(arena, scratch)
-                free_in_page(
-                    b, pages, page_stamp, block_next, buckets, unmap_rec, meta, pool, ulog, scr
-                )
-            else:
-                top = meta[M_FREE_TOP]
-                free_stack[top] = b
-                meta[M_FREE_TOP] = top + 1
+            v.tokens[b, :] = -1
+            set_logged(v, v.block_flags, FIELD.block_flags, b, 0)
+        if meta[M_PAGE_K] != 0:
+            return_to_page(v, b, cached)
+        elif not cached:
+            top = meta[M_FREE_TOP]
+            v.free_stack[top] = b
+            meta[M_FREE_TOP] = top + 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def register_full_block(
-    b,
-    parent_block,
-    salt,
-    block_hash,
-    block_salt,
-    block_flags,
-    tokens,
-    htab,
-    meta,
-    ulog,
-    scr,
-):
+@njit(cache=True, _nrt=False)
+def register_full_block(v, b, parent_block, salt):
     """Hash a block that just became full and register it unless an equal block is registered.
 
     ``parent_block`` is the previous block of the same sequence (NIL for the first block). A
     block whose content or whose parent's hash is unknown stays unhashed.
     """
-    if meta[M_PREFIX_CACHING] == 0 or (block_flags[b] & F_KNOWN) == 0:
+    flags = v.block_flags
+    if v.meta[M_PREFIX_CACHING] == 0 or (flags[b] & F_KNOWN) == 0:
         return
     if parent_block < 0:
         parent = root_hash()
-    elif block_flags[parent_block] & F_HASHED:
-        parent = block_hash[parent_block]
+    elif flags[parent_block] & F_HASHED:
+        parent = v.block_hash[parent_block]
     else:
         return
-    h = chain_hash(parent, salt, tokens[b], meta[M_HASH_BITS])
-    old_hash = block_hash[b]
-    log_write(ulog, scr, U_HASH, b, np.int64(old_hash >> np.uint64(32)))
-    log_write(ulog, scr, U_HASH_LOW, b, np.int64(old_hash & np.uint64(0xFFFFFFFF)))
-    log_write(ulog, scr, U_SALT, b, block_salt[b])
-    log_write(ulog, scr, U_FLAGS, b, block_flags[b])
-    block_hash[b] = h
-    block_salt[b] = salt
-    flags = block_flags[b] | F_HASHED
-    if table_find(htab, block_hash, block_salt, tokens, h, salt, tokens[b]) < 0:
-        flags |= F_REGISTERED
-        table_insert(htab, meta, b, h, ulog, scr)
-    block_flags[b] = flags
+    h = chain_hash(parent, salt, v.tokens[b], v.meta[M_HASH_BITS])
+    # The hash is logged as the int64 with the same bits (the rollback writes bytes back).
+    set_logged(v, v.block_hash.view(np.int64), FIELD.block_hash, b, np.int64(0))
+    v.block_hash[b] = h
+    set_logged(v, v.block_salt, FIELD.block_salt, b, salt)
+    new_flags = flags[b] | F_HASHED
+    if table_find(v, h, salt, v.tokens[b]) < 0:
+        new_flags |= F_REGISTERED
+        table_insert(v, b, h)
+    set_logged(v, flags, FIELD.block_flags, b, new_flags)
+
+
+@njit(cache=True, _nrt=False)
+def claim_cached(v, b):
+    """A prefix hit on cached block ``b`` (refcount 0): off the LRU list, in use again; the
+    caller adds the reference."""
+    lru_unlink(v, b)
+    v.meta[M_USED] += 1
+    if v.meta[M_PAGE_K] != 0:
+        page_gain_ref(v, b // v.meta[M_PAGE_K])

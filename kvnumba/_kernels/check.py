@@ -10,12 +10,15 @@ from numba import njit
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.pool import O_CLIENT, O_VIRTUAL, pool_views
 from kvnumba._kernels.prefix import chain_hash, root_hash
-from kvnumba._kernels.views import unpack, unpack_pages
+from kvnumba._kernels.views import views
 from kvnumba._state import (
     EMPTY,
     F_HASHED,
     F_KNOWN,
     F_REGISTERED,
+    FIELD,
+    HEADER_BYTES,
+    HEADER_SLOTS,
     M_BUCKET_MIN,
     M_CACHED,
     M_CLIENT,
@@ -36,68 +39,94 @@ from kvnumba._state import (
     M_USED,
     M_VTOP,
     NIL,
-    PG_BNEXT,
-    PG_BPREV,
-    PG_CNEXT,
-    PG_CPREV,
-    PG_FREE,
-    PG_HEAD,
-    PG_PHYS,
-    PG_USED,
-    PG_VSTACK,
 )
 
+# Codes of the violations check_state reports (0: consistent).
+C_BAD_LENGTH = 1
+C_TABLE_OUT_OF_RANGE = 2
+C_TABLE_PAST_END = 3
+C_FREE_SLOT_NOT_EMPTY = 4
+C_REFCOUNT = 5
+C_FREE_STACK = 6
+C_FREE_BLOCK_DIRTY = 7
+C_LRU_NODE = 8
+C_LRU_BACK_LINK = 9
+C_LRU_TAIL = 10
+C_COUNTER = 11
+C_BLOCK_LOST = 12
+C_TABLE_ENTRY = 13
+C_TABLE_UNREACHABLE = 14
+C_TABLE_DUPLICATE = 15
+C_PARTIAL_TAIL = 16
+C_HASH_MISMATCH = 17
+C_SLOT_STACK = 18
+C_FLAGS = 19
+C_VSTACK = 20
+C_UNMAPPED_PAGE = 21
+C_PAGE_OWNER = 22
+C_PAGE_FREE_LIST = 23
+C_PAGE_FREE_COUNT = 24
+C_PAGE_USED_COUNT = 25
+C_BUCKET = 26
+C_BUCKET_COUNT = 27
+C_CACHE_ONLY = 28
+C_CACHE_ONLY_COUNT = 29
+
 MESSAGES = {
-    1: "sequence slot {a}: length {b} is negative or beyond max_seq_len",
-    2: "sequence slot {a}: table entry {b} holds an out-of-range block",
-    3: "sequence slot {a}: table entry {b} is set beyond the sequence's blocks",
-    4: "free sequence slot {a} has a non-empty table or length",
-    5: "block {a}: refcount {b} differs from the references in the block tables",
-    6: "free stack position {a}: block {b} is out of range, referenced, or listed twice",
-    7: "free block {a} still has a non -1 payload or flags",
-    8: "LRU list: block {a} is out of range, referenced, unregistered or visited twice",
-    9: "LRU list: broken back link at block {a}",
-    10: "LRU list: tail is {a} but the walk ended at {b}",
-    11: "counter {a} is {b}, recomputed differently",
-    12: "block {a} is neither referenced, free nor cached",
-    13: "prefix table slot {a}: entry {b} is not a registered block or is a stale mark",
-    14: "prefix table: block {a} is registered but unreachable from its hash's home slot",
-    15: "block {a}: registered {b} times in the prefix table",
-    16: "sequence slot {a}: partial tail block {b} is hashed or has payload past its fill",
-    17: "sequence slot {a}: block at position {b} has a hash that does not match its content",
-    18: "slot stack position {a}: slot {b} is live, out of range or listed twice",
-    19: "block {a}: hashed without known content, or registered without a hash",
-    20: "unmapped-page stack position {a}: page {b} is out of range, mapped or listed twice",
-    21: "virtual page {a}: unmapped but not on the unmapped-page stack, or with counts or "
+    C_BAD_LENGTH: "sequence slot {a}: length {b} is negative or beyond max_seq_len",
+    C_TABLE_OUT_OF_RANGE: "sequence slot {a}: table entry {b} holds an out-of-range block",
+    C_TABLE_PAST_END: "sequence slot {a}: table entry {b} is set beyond the sequence's blocks",
+    C_FREE_SLOT_NOT_EMPTY: "free sequence slot {a} has a non-empty table or length",
+    C_REFCOUNT: "block {a}: refcount {b} differs from the references in the block tables",
+    C_FREE_STACK: "free stack position {a}: block {b} is out of range, referenced, or listed twice",
+    C_FREE_BLOCK_DIRTY: "free block {a} still has a non -1 payload or flags",
+    C_LRU_NODE: "LRU list: block {a} is out of range, referenced, unregistered or visited twice",
+    C_LRU_BACK_LINK: "LRU list: broken back link at block {a}",
+    C_LRU_TAIL: "LRU list: tail is {a} but the walk ended at {b}",
+    C_COUNTER: "counter {a} is {b}, recomputed differently",
+    C_BLOCK_LOST: "block {a} is neither referenced, free nor cached",
+    C_TABLE_ENTRY: "prefix table slot {a}: entry {b} is not a registered block or is a stale mark",
+    C_TABLE_UNREACHABLE: "prefix table: block {a} is registered but unreachable from its hash's home slot",
+    C_TABLE_DUPLICATE: "block {a}: registered {b} times in the prefix table",
+    C_PARTIAL_TAIL: "sequence slot {a}: partial tail block {b} is hashed or has payload past its fill",
+    C_HASH_MISMATCH: "sequence slot {a}: block at position {b} has a hash that does not match its content",
+    C_SLOT_STACK: "slot stack position {a}: slot {b} is live, out of range or listed twice",
+    C_FLAGS: "block {a}: hashed without known content, or registered without a hash",
+    C_VSTACK: "unmapped-page stack position {a}: page {b} is out of range, mapped or listed twice",
+    C_UNMAPPED_PAGE: "virtual page {a}: unmapped but not on the unmapped-page stack, or with counts or "
     "blocks in use (block {b})",
-    22: "virtual page {a}: physical page {b} is not recorded as this manager's page for it",
-    23: "virtual page {a}: its free list is broken or holds a foreign, used or dirty block {b}",
-    24: "virtual page {a}: free count {b} differs from its free list, or the page is empty",
-    25: "virtual page {a}: referenced-block count {b} differs from the refcounts",
-    26: "bucket {a}: page {b} is unmapped, has another free count, has a broken link or "
+    C_PAGE_OWNER: "virtual page {a}: physical page {b} is not recorded as this manager's page for it",
+    C_PAGE_FREE_LIST: "virtual page {a}: its free list is broken or holds a foreign, used or dirty block {b}",
+    C_PAGE_FREE_COUNT: "virtual page {a}: free count {b} differs from its free list, or the page is empty",
+    C_PAGE_USED_COUNT: "virtual page {a}: referenced-block count {b} differs from the refcounts",
+    C_BUCKET: "bucket {a}: page {b} is unmapped, has another free count, has a broken link or "
     "is listed twice",
-    27: "page buckets hold {a} pages but {b} mapped pages have free blocks",
-    28: "cache-only list: page {a} is unmapped, has referenced blocks, a broken link or an "
+    C_BUCKET_COUNT: "page buckets hold {a} pages but {b} mapped pages have free blocks",
+    C_CACHE_ONLY: "cache-only list: page {a} is unmapped, has referenced blocks, a broken link or an "
     "older stamp than its predecessor",
-    29: "cache-only list holds {a} pages but {b} mapped pages have no referenced block",
+    C_CACHE_ONLY_COUNT: "cache-only list holds {a} pages but {b} mapped pages have no referenced block",
 }
 
 
-@njit(cache=True)
-def check_pages(ref, block_flags, tokens, meta, seen, arena, scratch, pool):
+@njit(cache=True, _nrt=False)
+def check_pages(seen, marks, arena, scratch, pool):
     """Check the page structures of a manager on a page pool; mark its free blocks ``seen``."""
-    pages, page_stamp, block_next, buckets, _, _ = unpack_pages(arena, scratch)
-    head, _, owner = pool_views(pool)
+    st = views(arena, scratch, pool)
+    ref, block_flags, tokens, meta = st.ref, st.block_flags, st.tokens, st.meta
+    page_stamp, block_next, buckets = st.page_stamp, st.block_next, st.buckets
+    phys_of, free_of, used_of, head_of = st.page_phys, st.page_free, st.page_used, st.page_head
+    _, _, owner = pool_views(pool)
     k = meta[M_PAGE_K]
-    num_pages = pages.shape[0]
+    num_pages = phys_of.shape[0]
     top = meta[M_VTOP]
     if top < 0 or top > num_pages:
-        return 11, M_VTOP, top
-    on_stack = np.zeros(num_pages, dtype=np.uint8)
+        return C_COUNTER, M_VTOP, top
+    on_stack = marks
+    on_stack[:] = 0
     for i in range(top):
-        v = pages[i, PG_VSTACK]
-        if v < 0 or v >= num_pages or on_stack[v] != 0 or pages[v, PG_PHYS] != NIL:
-            return 20, i, v
+        v = st.vstack[i]
+        if v < 0 or v >= num_pages or on_stack[v] != 0 or phys_of[v] != NIL:
+            return C_VSTACK, i, v
         on_stack[v] = 1
     mapped = 0
     free_mapped = 0
@@ -105,41 +134,41 @@ def check_pages(ref, block_flags, tokens, meta, seen, arena, scratch, pool):
     without_refs = 0
     for v in range(num_pages):
         first = v * k
-        if pages[v, PG_PHYS] == NIL:
-            if on_stack[v] == 0 or pages[v, PG_FREE] != 0 or pages[v, PG_USED] != 0:
-                return 21, v, -1
+        if phys_of[v] == NIL:
+            if on_stack[v] == 0 or free_of[v] != 0 or used_of[v] != 0:
+                return C_UNMAPPED_PAGE, v, -1
             for b in range(first, first + k):
                 if ref[b] != 0 or block_flags[b] != 0 or seen[b] != 0:
-                    return 21, v, b
+                    return C_UNMAPPED_PAGE, v, b
                 for j in range(tokens.shape[1]):
                     if tokens[b, j] != -1:
-                        return 21, v, b
+                        return C_UNMAPPED_PAGE, v, b
                 seen[b] = 1
             continue
         mapped += 1
-        phys = pages[v, PG_PHYS]
+        phys = phys_of[v]
         if (
             phys < 0
             or phys >= owner.shape[0]
             or owner[phys, O_CLIENT] != meta[M_CLIENT]
             or owner[phys, O_VIRTUAL] != v
         ):
-            return 22, v, phys
+            return C_PAGE_OWNER, v, phys
         count = 0
-        b = pages[v, PG_HEAD]
+        b = head_of[v]
         while b != NIL:
             if count >= k or b < first or b >= first + k or seen[b] != 0:
-                return 23, v, b
+                return C_PAGE_FREE_LIST, v, b
             if ref[b] != 0 or block_flags[b] != 0:
-                return 23, v, b
+                return C_PAGE_FREE_LIST, v, b
             for j in range(tokens.shape[1]):
                 if tokens[b, j] != -1:
-                    return 23, v, b
+                    return C_PAGE_FREE_LIST, v, b
             seen[b] = 1
             count += 1
             b = block_next[b]
-        if count != pages[v, PG_FREE] or count >= k:
-            return 24, v, pages[v, PG_FREE]
+        if count != free_of[v] or count >= k:
+            return C_PAGE_FREE_COUNT, v, free_of[v]
         free_mapped += count
         if count > 0:
             with_free += 1
@@ -147,15 +176,16 @@ def check_pages(ref, block_flags, tokens, meta, seen, arena, scratch, pool):
         for b in range(first, first + k):
             if ref[b] > 0:
                 used += 1
-        if used != pages[v, PG_USED]:
-            return 25, v, pages[v, PG_USED]
+        if used != used_of[v]:
+            return C_PAGE_USED_COUNT, v, used_of[v]
         if used == 0:
             without_refs += 1
     if mapped != meta[M_MAPPED] or mapped + top != num_pages:
-        return 11, M_MAPPED, meta[M_MAPPED]
+        return C_COUNTER, M_MAPPED, meta[M_MAPPED]
     if free_mapped != meta[M_FREE_MAPPED]:
-        return 11, M_FREE_MAPPED, meta[M_FREE_MAPPED]
-    listed = np.zeros(num_pages, dtype=np.uint8)
+        return C_COUNTER, M_FREE_MAPPED, meta[M_FREE_MAPPED]
+    listed = marks
+    listed[:] = 0
     in_buckets = 0
     for c in range(1, k):
         prev = NIL
@@ -165,19 +195,19 @@ def check_pages(ref, block_flags, tokens, meta, seen, arena, scratch, pool):
                 v < 0
                 or v >= num_pages
                 or listed[v] != 0
-                or pages[v, PG_PHYS] == NIL
-                or pages[v, PG_FREE] != c
-                or pages[v, PG_BPREV] != prev
+                or phys_of[v] == NIL
+                or free_of[v] != c
+                or st.bucket_prev[v] != prev
             ):
-                return 26, c, v
+                return C_BUCKET, c, v
             if c < meta[M_BUCKET_MIN]:
-                return 11, M_BUCKET_MIN, meta[M_BUCKET_MIN]
+                return C_COUNTER, M_BUCKET_MIN, meta[M_BUCKET_MIN]
             listed[v] = 1
             in_buckets += 1
             prev = v
-            v = pages[v, PG_BNEXT]
+            v = st.bucket_next[v]
     if in_buckets != with_free:
-        return 27, in_buckets, with_free
+        return C_BUCKET_COUNT, in_buckets, with_free
     count = 0
     prev = NIL
     v = meta[M_CO_HEAD]
@@ -186,64 +216,71 @@ def check_pages(ref, block_flags, tokens, meta, seen, arena, scratch, pool):
             v < 0
             or v >= num_pages
             or count >= num_pages
-            or pages[v, PG_PHYS] == NIL
-            or pages[v, PG_USED] != 0
-            or pages[v, PG_CPREV] != prev
+            or phys_of[v] == NIL
+            or used_of[v] != 0
+            or st.co_prev[v] != prev
             or (prev != NIL and page_stamp[v] <= page_stamp[prev])
         ):
-            return 28, v, 0
+            return C_CACHE_ONLY, v, 0
         count += 1
         prev = v
-        v = pages[v, PG_CNEXT]
+        v = st.co_next[v]
     if prev != meta[M_CO_TAIL]:
-        return 11, M_CO_TAIL, meta[M_CO_TAIL]
+        return C_COUNTER, M_CO_TAIL, meta[M_CO_TAIL]
     if count != without_refs or count != meta[M_CO_COUNT]:
-        return 29, count, without_refs
+        return C_CACHE_ONLY_COUNT, count, without_refs
     return 0, 0, 0
 
 
-@njit(cache=True)
-def check_state(arena, scratch, pool):
+@njit(cache=True, _nrt=False)
+def check_state(arena, scratch, pool, counts, seen, marks):
     """Return ``(0, 0, 0)`` if the state is consistent, else the first violation.
 
-    ``pool`` is the page pool's arena of a manager on a page pool (read only then).
+    ``pool`` is the page pool's arena of a manager on a page pool (read only then). The work
+    arrays come from the entry kernel (this worker runs without NRT, so it cannot allocate):
+    ``counts`` int64 and ``seen`` uint8 per block, ``marks`` uint8 per sequence slot and per
+    virtual page.
     """
-    (ref, lru_prev, lru_next, free_stack, block_hash, block_salt, block_flags, tokens, htab,
-     seq_table, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, _, _, _, _, _, _,
-     _) = unpack(arena, scratch)  # fmt: skip
+    st = views(arena, scratch, pool)
+    ref, lru_prev, lru_next, free_stack = st.ref, st.lru_prev, st.lru_next, st.free_stack
+    block_hash, block_salt, block_flags = st.block_hash, st.block_salt, st.block_flags
+    tokens, htab = st.tokens, st.htab
+    seq_table, seq_len, seq_salt, seq_live = st.seq_table, st.seq_len, st.seq_salt, st.seq_live
+    slot_stack, meta = st.slot_stack, st.meta
     num_blocks, block_size = tokens.shape
     max_seqs, width = seq_table.shape
-    counted = np.zeros(num_blocks, dtype=np.int64)
+    counted = counts
+    counted[:] = 0
     live = 0
     for s in range(max_seqs):
         length = seq_len[s]
         if seq_live[s] == 0:
             if length != 0:
-                return 4, s, 0
+                return C_FREE_SLOT_NOT_EMPTY, s, 0
             for pos in range(width):
                 if seq_table[s, pos] != NIL:
-                    return 4, s, pos
+                    return C_FREE_SLOT_NOT_EMPTY, s, pos
             continue
         live += 1
         if length < 0 or length > meta[M_MAX_SEQ_LEN]:
-            return 1, s, length
+            return C_BAD_LENGTH, s, length
         nblocks = blocks_of(length, block_size)
         for pos in range(width):
             b = seq_table[s, pos]
             if pos < nblocks:
                 if b < 0 or b >= num_blocks:
-                    return 2, s, pos
+                    return C_TABLE_OUT_OF_RANGE, s, pos
                 counted[b] += 1
             elif b != NIL:
-                return 3, s, pos
+                return C_TABLE_PAST_END, s, pos
         fill = length % block_size
         if fill != 0:
             tail = seq_table[s, nblocks - 1]
             if block_flags[tail] & (F_HASHED | F_REGISTERED):
-                return 16, s, tail
+                return C_PARTIAL_TAIL, s, tail
             for j in range(fill, block_size):
                 if tokens[tail, j] != -1:
-                    return 16, s, tail
+                    return C_PARTIAL_TAIL, s, tail
         # Recompute the chained hash along the sequence's hashed full blocks.
         parent = root_hash()
         for pos in range(length // block_size):
@@ -252,45 +289,45 @@ def check_state(arena, scratch, pool):
                 break
             h = chain_hash(parent, seq_salt[s], tokens[b], meta[M_HASH_BITS])
             if h != block_hash[b] or block_salt[b] != seq_salt[s]:
-                return 17, s, pos
+                return C_HASH_MISMATCH, s, pos
             parent = h
     if live != meta[M_LIVE_SEQS]:
-        return 11, M_LIVE_SEQS, meta[M_LIVE_SEQS]
+        return C_COUNTER, M_LIVE_SEQS, meta[M_LIVE_SEQS]
     used = 0
     for b in range(num_blocks):
         if counted[b] != ref[b]:
-            return 5, b, ref[b]
+            return C_REFCOUNT, b, ref[b]
         if ref[b] > 0:
             used += 1
         flags = block_flags[b]
         if (flags & F_HASHED and not flags & F_KNOWN) or (
             flags & F_REGISTERED and not flags & F_HASHED
         ):
-            return 19, b, flags
+            return C_FLAGS, b, flags
     if used != meta[M_USED]:
-        return 11, M_USED, meta[M_USED]
+        return C_COUNTER, M_USED, meta[M_USED]
     # Every block is in exactly one place: referenced, on the free stack, or on the LRU list.
-    seen = np.zeros(num_blocks, dtype=np.uint8)
+    seen[:] = 0
     for b in range(num_blocks):
         if ref[b] > 0:
             seen[b] = 1
     free_top = meta[M_FREE_TOP]
     if free_top < 0 or free_top > num_blocks:
-        return 11, M_FREE_TOP, free_top
+        return C_COUNTER, M_FREE_TOP, free_top
     for i in range(free_top):
         b = free_stack[i]
         if b < 0 or b >= num_blocks or seen[b] != 0:
-            return 6, i, b
+            return C_FREE_STACK, i, b
         seen[b] = 1
         if block_flags[b] != 0:
-            return 7, b, 0
+            return C_FREE_BLOCK_DIRTY, b, 0
         for j in range(block_size):
             if tokens[b, j] != -1:
-                return 7, b, j
+                return C_FREE_BLOCK_DIRTY, b, j
     if meta[M_PAGE_K] != 0:
         if free_top != 0:
-            return 11, M_FREE_TOP, free_top
-        code, a, c = check_pages(ref, block_flags, tokens, meta, seen, arena, scratch, pool)
+            return C_COUNTER, M_FREE_TOP, free_top
+        code, a, c = check_pages(seen, marks, arena, scratch, pool)
         if code != 0:
             return code, a, c
     cached = 0
@@ -298,51 +335,64 @@ def check_state(arena, scratch, pool):
     b = meta[M_LRU_HEAD]
     while b != NIL:
         if b < 0 or b >= num_blocks or seen[b] != 0 or not block_flags[b] & F_REGISTERED:
-            return 8, b, 0
+            return C_LRU_NODE, b, 0
         if lru_prev[b] != prev:
-            return 9, b, 0
+            return C_LRU_BACK_LINK, b, 0
         seen[b] = 1
         cached += 1
         prev = b
         b = lru_next[b]
     if prev != meta[M_LRU_TAIL]:
-        return 10, meta[M_LRU_TAIL], prev
+        return C_LRU_TAIL, meta[M_LRU_TAIL], prev
     if cached != meta[M_CACHED]:
-        return 11, M_CACHED, meta[M_CACHED]
+        return C_COUNTER, M_CACHED, meta[M_CACHED]
     for b in range(num_blocks):
         if seen[b] == 0:
-            return 12, b, 0
+            return C_BLOCK_LOST, b, 0
     # Prefix table: every entry a registered block reachable from its home slot, each once.
     mask = htab.shape[0] - 1
-    occurrences = np.zeros(num_blocks, dtype=np.int64)
+    occurrences = counts
+    occurrences[:] = 0
     registered = 0
     for i in range(htab.shape[0]):
         e = htab[i]
         if e == EMPTY:
             continue
         if e < 0 or e >= num_blocks or not block_flags[e] & F_REGISTERED:
-            return 13, i, e
+            return C_TABLE_ENTRY, i, e
         occurrences[e] += 1
         registered += 1
         j = np.int64(block_hash[e] & np.uint64(mask))
         while j != i:
             if htab[j] == EMPTY:
-                return 14, e, 0
+                return C_TABLE_UNREACHABLE, e, 0
             j = (j + 1) & mask
     for b in range(num_blocks):
         expected = 1 if block_flags[b] & F_REGISTERED else 0
         if occurrences[b] != expected:
-            return 15, b, occurrences[b]
+            return C_TABLE_DUPLICATE, b, occurrences[b]
     if registered != meta[M_REGISTERED]:
-        return 11, M_REGISTERED, meta[M_REGISTERED]
+        return C_COUNTER, M_REGISTERED, meta[M_REGISTERED]
     # Sequence slots: the stack holds exactly the free ones.
     slot_top = meta[M_SLOT_TOP]
     if slot_top + live != max_seqs:
-        return 11, M_SLOT_TOP, slot_top
-    marks = np.zeros(max_seqs, dtype=np.uint8)
+        return C_COUNTER, M_SLOT_TOP, slot_top
+    marks[:] = 0
     for i in range(slot_top):
         s = slot_stack[i]
         if s < 0 or s >= max_seqs or seq_live[s] != 0 or marks[s] != 0:
-            return 18, i, s
+            return C_SLOT_STACK, i, s
         marks[s] = 1
     return 0, 0, 0
+
+
+@njit(cache=True)
+def check(arena, scratch, pool):
+    """Allocate the work arrays of :func:`check_state` and run it."""
+    h = arena[:HEADER_BYTES].view(np.int64)
+    blocks = h[HEADER_SLOTS * FIELD.ref + 3]
+    rows = max(h[HEADER_SLOTS * FIELD.seq_len + 3], h[HEADER_SLOTS * FIELD.page_phys + 3])
+    counts = np.empty(blocks, dtype=np.int64)
+    seen = np.empty(blocks, dtype=np.uint8)
+    marks = np.empty(rows, dtype=np.uint8)
+    return check_state(arena, scratch, pool, counts, seen, marks)

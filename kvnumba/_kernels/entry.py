@@ -10,7 +10,7 @@ from numba import njit
 
 from kvnumba._kernels.admit import run_admit, validate_admit
 from kvnumba._kernels.append import append_need, run_append, validate_growth
-from kvnumba._kernels.check import check_state
+from kvnumba._kernels.check import check
 from kvnumba._kernels.sequences import (
     fill_lens,
     fill_tables,
@@ -187,7 +187,7 @@ def k_give_up(max_pages, logged, arena, scratch, pool):
 @njit(cache=True)
 def k_commit_give_up(arena, scratch, pool):
     """Commit a logged give-up."""
-    commit_give_up(arena, scratch)
+    commit_give_up(arena, scratch, pool)
 
 
 @njit(cache=True)
@@ -222,10 +222,10 @@ def k_seq_lens(ids, arena, scratch):
 @njit(cache=True)
 def k_check(arena, scratch):
     """``check``: returns (0, 0, 0) or the first violation as (code, a, b)."""
-    return check_state(arena, scratch, scratch)
+    return check(arena, scratch, scratch)
 
 
 @njit(cache=True)
 def k_check_paged(arena, scratch, pool):
     """``check`` of a manager on a page pool (its pages against the pool's owner records)."""
-    return check_state(arena, scratch, pool)
+    return check(arena, scratch, pool)

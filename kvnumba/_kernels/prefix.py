@@ -10,8 +10,8 @@ rollback restores the table byte for byte.
 import numpy as np
 from numba import njit
 
-from kvnumba._kernels.undo import U_HTAB, log_write
-from kvnumba._state import EMPTY, M_REGISTERED, NIL
+from kvnumba._kernels.undo import set_logged
+from kvnumba._state import EMPTY, FIELD, M_REGISTERED, NIL, S_EV_N
 
 _ROOT = np.uint64(0x6A09E667F3BCC908)  # parent hash of a sequence's first block
 _SALT_KEY = np.uint64(0xBB67AE8584CAA73B)
@@ -67,11 +67,12 @@ def _home(h, mask):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def table_find(htab, block_hash, block_salt, tokens, h, salt, probe):
+def table_find(v, h, salt, probe):
     """Registered block whose hash, salt and stored tokens all equal the query, or NIL.
 
     The hash alone is never trusted: a colliding entry whose tokens differ is skipped.
     """
+    htab = v.htab
     mask = htab.shape[0] - 1
     i = _home(h, mask)
     bs = probe.shape[0]
@@ -79,10 +80,10 @@ def table_find(htab, block_hash, block_salt, tokens, h, salt, probe):
         e = htab[i]
         if e == EMPTY:
             return NIL
-        if e >= 0 and block_hash[e] == h and block_salt[e] == salt:
+        if e >= 0 and v.block_hash[e] == h and v.block_salt[e] == salt:
             same = True
             for j in range(bs):
-                if tokens[e, j] != probe[j]:
+                if v.tokens[e, j] != probe[j]:
                     same = False
                     break
             if same:
@@ -91,27 +92,25 @@ def table_find(htab, block_hash, block_salt, tokens, h, salt, probe):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def table_insert(htab, meta, b, h, ulog, scr):
+def table_insert(v, b, h):
     """Register block ``b`` under hash ``h`` (the caller checked that no equal block is)."""
-    mask = htab.shape[0] - 1
+    mask = v.htab.shape[0] - 1
     i = _home(h, mask)
-    while htab[i] != EMPTY:
+    while v.htab[i] != EMPTY:
         i = (i + 1) & mask
-    log_write(ulog, scr, U_HTAB, i, EMPTY)
-    htab[i] = b
-    meta[M_REGISTERED] += 1
+    set_logged(v, v.htab, FIELD.htab, i, b)
+    v.meta[M_REGISTERED] += 1
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def table_mark_evicted(htab, meta, b, h, record, ulog, scr):
+def table_mark_evicted(v, b, h, record):
     """Replace block ``b``'s entry by the mark of eviction record ``record``."""
-    mask = htab.shape[0] - 1
+    mask = v.htab.shape[0] - 1
     i = _home(h, mask)
-    while htab[i] != b:
+    while v.htab[i] != b:
         i = (i + 1) & mask
-    log_write(ulog, scr, U_HTAB, i, b)
-    htab[i] = -2 - record
-    meta[M_REGISTERED] -= 1
+    set_logged(v, v.htab, FIELD.htab, i, -2 - record)
+    v.meta[M_REGISTERED] -= 1
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -121,11 +120,15 @@ def _entry_home(e, block_hash, ev_hash, mask):
     return _home(ev_hash[-2 - e], mask)
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def table_purge_evicted(htab, block_hash, ev_hash, num_evicted):
-    """Remove the marks of this call's evictions (backward-shift deletion, no tombstones)."""
+@njit(cache=True, _nrt=False)
+def table_purge_evicted(v):
+    """Remove the marks of this call's evictions (backward-shift deletion, no tombstones).
+
+    Runs once per call that evicted, so it is compiled once, out of line.
+    """
+    htab, block_hash, ev_hash = v.htab, v.block_hash, v.ev_hash
     mask = htab.shape[0] - 1
-    for record in range(num_evicted):
+    for record in range(v.scr[S_EV_N]):
         mark = -2 - record
         i = _home(ev_hash[record], mask)
         while htab[i] != mark:

@@ -8,9 +8,9 @@ from numba import njit
 
 from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.geometry import blocks_of
-from kvnumba._kernels.undo import U_SEQGEN, U_SEQLEN, U_SEQLIVE, U_SEQSALT, log_write
-from kvnumba._kernels.views import unpack
-from kvnumba._state import M_LIVE_SEQS, M_SLOT_TOP, NIL, S_STAMP, S_UNMAP_N
+from kvnumba._kernels.undo import log_write
+from kvnumba._kernels.views import views
+from kvnumba._state import FIELD, M_LIVE_SEQS, M_SLOT_TOP, NIL, S_STAMP, S_UNMAP_N
 from kvnumba.errors import (
     ST_DUPLICATE_ID,
     ST_OK,
@@ -41,20 +41,21 @@ def resolve(seq_id, seq_gen, seq_live):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def open_slot(salt, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, scr):
+def open_slot(v, salt):
     """Take a free slot for a new empty sequence; returns (slot, id)."""
+    meta = v.meta
     top = meta[M_SLOT_TOP] - 1
-    slot = slot_stack[top]
+    slot = v.slot_stack[top]
     meta[M_SLOT_TOP] = top
-    log_write(ulog, scr, U_SEQGEN, slot, seq_gen[slot])
-    log_write(ulog, scr, U_SEQLIVE, slot, seq_live[slot])
-    log_write(ulog, scr, U_SEQSALT, slot, seq_salt[slot])
-    log_write(ulog, scr, U_SEQLEN, slot, seq_len[slot])
-    gen = seq_gen[slot] + 1
-    seq_gen[slot] = gen
-    seq_live[slot] = 1
-    seq_salt[slot] = salt
-    seq_len[slot] = 0
+    log_write(v, FIELD.seq_gen, slot, v.seq_gen[slot])
+    log_write(v, FIELD.seq_live, slot, v.seq_live[slot])
+    log_write(v, FIELD.seq_salt, slot, v.seq_salt[slot])
+    log_write(v, FIELD.seq_len, slot, v.seq_len[slot])
+    gen = v.seq_gen[slot] + 1
+    v.seq_gen[slot] = gen
+    v.seq_live[slot] = 1
+    v.seq_salt[slot] = salt
+    v.seq_len[slot] = 0
     meta[M_LIVE_SEQS] += 1
     return slot, (gen << SLOT_BITS) | slot
 
@@ -62,19 +63,17 @@ def open_slot(salt, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog
 @njit(cache=True, _nrt=False)
 def resolve_ids(ids, reject_duplicates, slots, arena, scratch):
     """Write the slot of every id to ``slots``; returns (status, index of the first bad id)."""
-    (_, _, _, _, _, _, _, _, _, _, _, seq_gen, _, seq_live, _, _, _, _, _, _, seq_mark, scr, _) = (
-        unpack(arena, scratch)
-    )
-    stamp = scr[S_STAMP] + 1
-    scr[S_STAMP] = stamp
+    v = views(arena, scratch, scratch)
+    stamp = v.scr[S_STAMP] + 1
+    v.scr[S_STAMP] = stamp
     for i in range(ids.shape[0]):
-        status, slot = resolve(ids[i], seq_gen, seq_live)
+        status, slot = resolve(ids[i], v.seq_gen, v.seq_live)
         if status != ST_OK:
             return status, i
         if reject_duplicates:
-            if seq_mark[slot] == stamp:
+            if v.seq_mark[slot] == stamp:
                 return ST_DUPLICATE_ID, i
-            seq_mark[slot] = stamp
+            v.seq_mark[slot] = stamp
         slots[i] = slot
     return ST_OK, -1
 
@@ -82,12 +81,11 @@ def resolve_ids(ids, reject_duplicates, slots, arena, scratch):
 @njit(cache=True, _nrt=False)
 def run_new_sequences(ids, arena, scratch):
     """Fill ``ids`` with new empty sequences; returns a status."""
-    (_, _, _, _, _, _, _, _, _, _, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog,
-     _, _, _, _, scr, _) = unpack(arena, scratch)  # fmt: skip
-    if ids.shape[0] > meta[M_SLOT_TOP]:
+    v = views(arena, scratch, scratch)
+    if ids.shape[0] > v.meta[M_SLOT_TOP]:
         return ST_TOO_MANY_SEQS
     for i in range(ids.shape[0]):
-        _, new_id = open_slot(0, seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, scr)
+        _, new_id = open_slot(v, 0)
         ids[i] = new_id
     return ST_OK
 
@@ -95,34 +93,20 @@ def run_new_sequences(ids, arena, scratch):
 @njit(cache=True, _nrt=False)
 def run_release(slots, arena, scratch, pool):
     """Release the sequences of ``slots`` (validated), each tail block first."""
-    (ref, lru_prev, lru_next, free_stack, _, _, block_flags, tokens, _, seq_table, seq_len, _,
-     seq_salt, seq_live, slot_stack, meta, ulog, _, _, _, _, scr, _) = unpack(arena, scratch)  # fmt: skip
-    block_size = tokens.shape[1]
-    scr[S_UNMAP_N] = 0
+    v = views(arena, scratch, pool)
+    meta, seq_table = v.meta, v.seq_table
+    block_size = v.tokens.shape[1]
+    v.scr[S_UNMAP_N] = 0
     for i in range(slots.shape[0]):
         slot = slots[i]
-        for pos in range(blocks_of(seq_len[slot], block_size) - 1, -1, -1):
-            drop_ref(
-                seq_table[slot, pos],
-                ref,
-                lru_prev,
-                lru_next,
-                block_flags,
-                tokens,
-                free_stack,
-                meta,
-                ulog,
-                scr,
-                arena,
-                scratch,
-                pool,
-            )
+        for pos in range(blocks_of(v.seq_len[slot], block_size) - 1, -1, -1):
+            drop_ref(v, seq_table[slot, pos])
             seq_table[slot, pos] = NIL
-        seq_len[slot] = 0
-        seq_salt[slot] = 0
-        seq_live[slot] = 0
+        v.seq_len[slot] = 0
+        v.seq_salt[slot] = 0
+        v.seq_live[slot] = 0
         top = meta[M_SLOT_TOP]
-        slot_stack[top] = slot
+        v.slot_stack[top] = slot
         meta[M_SLOT_TOP] = top + 1
         meta[M_LIVE_SEQS] -= 1
 
@@ -130,57 +114,49 @@ def run_release(slots, arena, scratch, pool):
 @njit(cache=True, _nrt=False)
 def run_fork(slots, children, arena, scratch):
     """Give each parent slot ``children.shape[1]`` children; returns a status."""
-    (ref, _, _, _, _, _, _, tokens, _, seq_table, seq_len, seq_gen, seq_salt, seq_live,
-     slot_stack, meta, ulog, _, _, _, _, scr, _) = unpack(arena, scratch)  # fmt: skip
+    v = views(arena, scratch, scratch)
+    seq_table, seq_len = v.seq_table, v.seq_len
     n = children.shape[1]
-    if slots.shape[0] * n > meta[M_SLOT_TOP]:
+    if slots.shape[0] * n > v.meta[M_SLOT_TOP]:
         return ST_TOO_MANY_SEQS
-    block_size = tokens.shape[1]
+    block_size = v.tokens.shape[1]
     for i in range(slots.shape[0]):
         parent = slots[i]
         length = seq_len[parent]
         nblocks = blocks_of(length, block_size)
         for c in range(n):
-            slot, child = open_slot(
-                seq_salt[parent], seq_len, seq_gen, seq_salt, seq_live, slot_stack, meta, ulog, scr
-            )
+            slot, child = open_slot(v, v.seq_salt[parent])
             children[i, c] = child
             seq_len[slot] = length
             for pos in range(nblocks):
                 seq_table[slot, pos] = seq_table[parent, pos]
         for pos in range(nblocks):
-            ref[seq_table[parent, pos]] += n
+            v.ref[seq_table[parent, pos]] += n
     return ST_OK
 
 
 @njit(cache=True, _nrt=False)
 def table_width(slots, arena, scratch):
     """Most blocks held by any of ``slots``."""
-    (_, _, _, _, _, _, _, tokens, _, _, seq_len, _, _, _, _, _, _, _, _, _, _, _, _) = unpack(
-        arena, scratch
-    )
+    v = views(arena, scratch, scratch)
     width = 0
     for i in range(slots.shape[0]):
-        width = max(width, blocks_of(seq_len[slots[i]], tokens.shape[1]))
+        width = max(width, blocks_of(v.seq_len[slots[i]], v.tokens.shape[1]))
     return width
 
 
 @njit(cache=True, _nrt=False)
 def fill_tables(slots, out, arena, scratch):
     """Copy the block tables of ``slots`` into ``out`` (pre-filled with -1)."""
-    (_, _, _, _, _, _, _, tokens, _, seq_table, seq_len, _, _, _, _, _, _, _, _, _, _, _, _) = (
-        unpack(arena, scratch)
-    )
+    v = views(arena, scratch, scratch)
     for i in range(slots.shape[0]):
-        for pos in range(blocks_of(seq_len[slots[i]], tokens.shape[1])):
-            out[i, pos] = seq_table[slots[i], pos]
+        for pos in range(blocks_of(v.seq_len[slots[i]], v.tokens.shape[1])):
+            out[i, pos] = v.seq_table[slots[i], pos]
 
 
 @njit(cache=True, _nrt=False)
 def fill_lens(slots, out, arena, scratch):
     """Copy the lengths of ``slots`` into ``out``."""
-    (_, _, _, _, _, _, _, _, _, _, seq_len, _, _, _, _, _, _, _, _, _, _, _, _) = unpack(
-        arena, scratch
-    )
+    v = views(arena, scratch, scratch)
     for i in range(slots.shape[0]):
-        out[i] = seq_len[slots[i]]
+        out[i] = v.seq_len[slots[i]]

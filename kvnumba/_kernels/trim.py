@@ -10,12 +10,15 @@ log open until that call has either committed (``commit_give_up``) or failed
 from numba import njit
 
 from kvnumba._kernels.blocks import evict_block
-from kvnumba._kernels.paging import cache_only_unlink, unmap_page
+from kvnumba._kernels.links import cache_only_unlink
+from kvnumba._kernels.paging import unmap_page
 from kvnumba._kernels.prefix import table_purge_evicted
-from kvnumba._kernels.undo import U_FLAGS, log_write, rollback
-from kvnumba._kernels.views import unpack, unpack_pages
+from kvnumba._kernels.rollback import rollback
+from kvnumba._kernels.undo import set_logged
+from kvnumba._kernels.views import views
 from kvnumba._state import (
     F_REGISTERED,
+    FIELD,
     M_CO_HEAD,
     M_PAGE_K,
     NIL,
@@ -36,13 +39,12 @@ def run_give_up(max_pages, logged, arena, scratch, pool):
     Returns the number of pages unmapped. The facade has sized the eviction records (and, if
     ``logged``, the undo log) for ``max_pages`` whole pages.
     """
-    (ref, lru_prev, lru_next, _, block_hash, _, block_flags, tokens, htab, _, _, _, _, _, _,
-     meta, ulog, ev_ids, ev_hash, ev_tok, _, scr, meta_save) = unpack(arena, scratch)  # fmt: skip
-    pages, _, _, buckets, _, unmap_rec = unpack_pages(arena, scratch)
+    v = views(arena, scratch, pool)
+    meta, scr = v.meta, v.scr
     k = meta[M_PAGE_K]
     if logged:
         for j in range(meta.shape[0]):
-            meta_save[j] = meta[j]
+            v.meta_save[j] = meta[j]
         scr[S_LOG_N] = 0
         scr[S_LOG_ON] = 1
         scr[S_SAVED_PAYLOAD] = scr[S_EV_PAYLOAD]
@@ -52,39 +54,25 @@ def run_give_up(max_pages, logged, arena, scratch, pool):
     scr[S_UNMAP_N] = 0
     done = 0
     while done < max_pages and meta[M_CO_HEAD] != NIL:
-        v = meta[M_CO_HEAD]
-        cache_only_unlink(v, pages, meta, ulog, scr)
-        for b in range(v * k, v * k + k):
-            if ref[b] == 0 and block_flags[b] & F_REGISTERED:
-                evict_block(
-                    b,
-                    lru_prev,
-                    lru_next,
-                    block_hash,
-                    tokens,
-                    htab,
-                    meta,
-                    ulog,
-                    scr,
-                    ev_ids,
-                    ev_hash,
-                    ev_tok,
-                )
-                log_write(ulog, scr, U_FLAGS, b, block_flags[b])
-                block_flags[b] = 0
-        unmap_page(v, pages, buckets, unmap_rec, meta, pool, ulog, scr)
+        page = meta[M_CO_HEAD]
+        cache_only_unlink(v, page)
+        for b in range(page * k, page * k + k):
+            if v.ref[b] == 0 and v.block_flags[b] & F_REGISTERED:
+                evict_block(v, b)
+                set_logged(v, v.block_flags, FIELD.block_flags, b, 0)
+        unmap_page(v, page)
         done += 1
-    if not logged:
-        table_purge_evicted(htab, block_hash, ev_hash, scr[S_EV_N])
+    if not logged and scr[S_EV_N] > 0:
+        table_purge_evicted(v)
     return done
 
 
 @njit(cache=True, _nrt=False)
-def commit_give_up(arena, scratch):
+def commit_give_up(arena, scratch, pool):
     """End a logged give-up whose pages the failing call used: drop the table marks."""
-    (_, _, _, _, block_hash, _, _, _, htab, _, _, _, _, _, _, _, _, _, ev_hash, _, _, scr,
-     _) = unpack(arena, scratch)  # fmt: skip
-    table_purge_evicted(htab, block_hash, ev_hash, scr[S_EV_N])
+    scr = views(arena, scratch, pool).scr
+    if scr[S_EV_N] > 0:
+        table_purge_evicted(views(arena, scratch, pool))
     scr[S_LOG_ON] = 0
     scr[S_EV_PAYLOAD] = scr[S_SAVED_PAYLOAD]
 
@@ -93,5 +81,5 @@ def commit_give_up(arena, scratch):
 def rollback_give_up(arena, scratch, pool):
     """Undo a logged give-up: the pages are mapped again and their blocks cached as before."""
     rollback(arena, scratch, pool)
-    (_, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, scr, _) = unpack(arena, scratch)
+    scr = views(arena, scratch, pool).scr
     scr[S_EV_PAYLOAD] = scr[S_SAVED_PAYLOAD]

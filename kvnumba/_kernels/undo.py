@@ -1,66 +1,44 @@
 """Undo log: record every state write of a call so that a failure restores the arrays exactly.
 
 Only calls whose later steps depend on what earlier steps did (atomic ``admit`` of several
-prompts) switch the log on; every other call checks its whole need before it writes anything.
-``meta`` is saved whole at the start of a logged call, so counters, stack tops and list ends
-need no entries.
+prompts, a sibling's give-up of pages) switch the log on; every other call checks its whole
+need before it writes anything. ``meta`` is saved whole at the start of a logged call, so
+counters, stack tops and list ends need no entries.
+
+An entry is ``(code, index, old value)``. A code ``>= 0`` is the index of a field of
+``STATE_FIELDS`` (:data:`FIELD` names them) and ``index`` the flat element index in it: the
+rollback writes ``old`` back through the arena's header, whatever the field. Negative codes
+are the few writes that are not one element of the manager's own arena. This module is a
+leaf: the kernels that write state import it; :mod:`.rollback` replays it.
 """
 
-import numpy as np
-from numba import njit
+from numba import int64, njit, void
 
-from kvnumba._kernels.pool import pool_give, pool_take, pool_views
-from kvnumba._kernels.views import unpack, unpack_pages
-from kvnumba._state import (
-    M_CLIENT,
-    PG_COLS,
-    S_EV_N,
-    S_LOG_N,
-    S_LOG_ON,
-    S_MAP_N,
-    S_UNMAP_N,
-)
+from kvnumba._state import S_LOG_N, S_LOG_ON
 
-# Field codes of log entries: (code, index, old value).
-U_REF = 0
-U_PREV = 1
-U_NEXT = 2
-U_HASH = 3  # high 32 bits of the old uint64 hash (U_HASH_LOW holds the low ones): each half
-# fits an int64 in compiled and in pure-Python mode alike
-U_SALT = 4
-U_FLAGS = 5
-U_TOKROW = 6  # index = block; old = eviction record row holding the payload, or -1 (row was -1)
-U_HTAB = 7
-U_SEQTAB = 8  # index = slot * width + position
-U_SEQLEN = 9
-U_SEQGEN = 10
-U_SEQSALT = 11
-U_SEQLIVE = 12
-U_HASH_LOW = 13
-U_PAGE = 14  # index = virtual page * PG_COLS + column of ``pages``
-U_BNEXT = 15  # block_next
-U_BUCKET = 16  # buckets
-U_POOL_TAKE = 17  # index = physical page taken from the pool: undone by giving it back
-U_POOL_GIVE = 18  # index = physical page given back, old = its virtual page: undone by a take
-U_POOLHEAD = 19  # a counter slot of the pool's head
-U_STAMP = 20  # page_stamp
-U_POOLFREE = 21  # a slot of the pool's free stack, overwritten when a page is given back
-_LOW = np.uint64(0xFFFFFFFF)
-_HIGH = np.uint64(0xFFFFFFFF00000000)
-_HALF = np.uint64(32)
+# Writes that are not a single element of a state field:
+U_TOKROW = -1  # index = block; old = eviction record row holding the payload, or -1 (row was -1)
+U_POOL_TAKE = -2  # index = physical page taken from the pool: undone by giving it back
+U_POOL_GIVE = -3  # index = physical page given back, old = its virtual page: undone by a take
+U_POOL_HEAD = -4  # a counter slot of the pool's head
+U_POOL_FREE = -5  # a slot of the pool's free stack, overwritten when a page is given back
+NOT_LOGGED = -100  # list ends kept in ``meta``, which a logged call saves whole
 
-# Upper bounds of log entries a logged call writes, used to size the log before the call.
-LOG_PER_BLOCK = 14  # take 3 + evict 3 + table entry 1 + registration 6, with room to spare
-LOG_PER_SEQUENCE = 8
-# With a page pool a take also moves its page between buckets, pops the page's free list and
-# may leave the cache-only list (at most 16 more), and a mapped page initialises its free list.
-LOG_PER_BLOCK_PAGED = LOG_PER_BLOCK + 20
-LOG_PER_PAGE = 16
+# Upper bounds of the entries a logged call writes, used to size the log before the call:
+# a block taken writes at most 3 entries (take) + 3 (eviction) + 1 (table) + 6 (registration)
+# and with a page pool up to 20 more (bucket moves, the page's free list, cache-only list);
+# a sequence opened writes 8 (slot fields, length); a page mapped writes its free list.
+_PER_BLOCK = 14
+_PER_BLOCK_PAGED = _PER_BLOCK + 20
+_PER_SEQUENCE = 8
+_PER_PAGE = 16
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def log_write(ulog, scr, code, index, old):
-    """Append one entry to the undo log if the current call is logged."""
+# One compiled body for every call site: an explicit signature, so that constant codes do not
+# make numba compile a version per code; LLVM inlines it into its callers.
+@njit(void(int64[:, ::1], int64[::1], int64, int64, int64), cache=True, _nrt=False)
+def append_entry(ulog, scr, code, index, old):
+    """Append ``(code, index, old)`` to the undo log if the current call is logged."""
     if scr[S_LOG_ON] != 0:
         n = scr[S_LOG_N]
         ulog[n, 0] = code
@@ -70,77 +48,30 @@ def log_write(ulog, scr, code, index, old):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def rollback(arena, scratch, pool):
-    """Replay the undo log backwards and restore ``meta``; ends the logged call.
+def log_write(v, code, index, old):
+    """Append ``(code, index, old)`` to the undo log of views ``v`` if the call is logged."""
+    append_entry(v.ulog, v.scr, code, index, old)
 
-    Pool entries are replayed in reverse order too, so the pool's free stack and owner records
-    come back byte for byte (``pool`` is only read when the log holds pool entries). A failure
-    path only, so it carves its own views.
-    """
-    (ref, lru_prev, lru_next, _, block_hash, block_salt, block_flags, tokens, htab, seq_table,
-     seq_len, seq_gen, seq_salt, seq_live, _, meta, ulog, _, _, ev_tok, _, scr,
-     meta_save) = unpack(arena, scratch)  # fmt: skip
-    pages, page_stamp, block_next, buckets, _, _ = unpack_pages(arena, scratch)
-    width = seq_table.shape[1]
-    for k in range(scr[S_LOG_N] - 1, -1, -1):
-        code = ulog[k, 0]
-        i = ulog[k, 1]
-        old = ulog[k, 2]
-        if code == U_REF:
-            ref[i] = old
-        elif code == U_PREV:
-            lru_prev[i] = old
-        elif code == U_NEXT:
-            lru_next[i] = old
-        elif code == U_HASH:
-            block_hash[i] = (block_hash[i] & _LOW) | (np.uint64(old) << _HALF)
-        elif code == U_HASH_LOW:
-            block_hash[i] = (block_hash[i] & _HIGH) | np.uint64(old)
-        elif code == U_SALT:
-            block_salt[i] = old
-        elif code == U_FLAGS:
-            block_flags[i] = old
-        elif code == U_TOKROW:
-            if old < 0:
-                tokens[i, :] = -1
-            else:
-                for j in range(tokens.shape[1]):
-                    tokens[i, j] = ev_tok[old, j]
-        elif code == U_HTAB:
-            htab[i] = old
-        elif code == U_SEQTAB:
-            seq_table[i // width, i % width] = old
-        elif code == U_SEQLEN:
-            seq_len[i] = old
-        elif code == U_SEQGEN:
-            seq_gen[i] = old
-        elif code == U_SEQSALT:
-            seq_salt[i] = old
-        elif code == U_SEQLIVE:
-            seq_live[i] = old
-        elif code == U_PAGE:
-            pages[i // PG_COLS, i % PG_COLS] = old
-        elif code == U_BNEXT:
-            block_next[i] = old
-        elif code == U_BUCKET:
-            buckets[i] = old
-        elif code == U_STAMP:
-            page_stamp[i] = old
-        else:
-            head, free, owner = pool_views(pool)
-            if code == U_POOL_TAKE:
-                pool_give(head, free, owner, i)
-            elif code == U_POOL_GIVE:
-                # The page went on top of the free stack and everything above it was undone.
-                pool_take(head, free, owner, meta_save[M_CLIENT : M_CLIENT + 3], old)
-            elif code == U_POOLFREE:
-                free[i] = old
-            else:
-                head[i] = old
-    for j in range(meta.shape[0]):
-        meta[j] = meta_save[j]
-    scr[S_LOG_N] = 0
-    scr[S_LOG_ON] = 0
-    scr[S_EV_N] = 0
-    scr[S_MAP_N] = 0
-    scr[S_UNMAP_N] = 0
+
+@njit(cache=True, _nrt=False, inline="always")
+def set_logged(v, array, code, index, value):
+    """``array[index] = value`` for a 1-D state field, logged under ``code``."""
+    log_write(v, code, index, array[index])
+    array[index] = value
+
+
+def undo_log_rows(blocks, prompts, blocks_per_page, num_pages):
+    """Entries a logged call taking at most ``blocks`` blocks for ``prompts`` new sequences
+    can write: the one bound, used by the facade (as Python) and the kernels (compiled, as
+    :func:`undo_log_rows_kernel`)."""
+    per_block = _PER_BLOCK_PAGED if blocks_per_page else _PER_BLOCK
+    maps = min(num_pages, blocks)
+    return per_block * blocks + _PER_SEQUENCE * prompts + (blocks_per_page + _PER_PAGE) * maps
+
+
+undo_log_rows_kernel = njit(cache=True, _nrt=False, inline="always")(undo_log_rows)
+
+
+def give_up_log_rows(pages, blocks_per_page):
+    """Entries a logged give-up of ``pages`` cache-only pages can write."""
+    return pages * (_PER_PAGE + _PER_BLOCK * blocks_per_page)

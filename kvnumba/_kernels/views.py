@@ -1,72 +1,95 @@
-"""Carving the named arrays out of the two arenas of :mod:`kvnumba._state`.
+"""Named views of the arenas, generated from the field tables of :mod:`kvnumba._state`.
 
-Workers are compiled without NRT, so the views made here carry no reference counting and cost a
-few pointer computations; unused ones are optimised away.
+``views(arena, scratch, pool)`` returns a :data:`Views` NamedTuple: one attribute per field of
+``STATE_FIELDS`` and ``SCRATCH_FIELDS`` (``v.ref``, ``v.lru_next``, ``v.ulog``, ...) plus the
+three arenas themselves (``v.arena``, ``v.scratch``, ``v.pool``). Inside kernels compiled without
+NRT a view is a few pointer computations and unused ones are optimised away, so a worker builds
+the tuple once and hands it to its helpers.
+
+The carving function is generated as source text from the tables (``python -m
+kvnumba._kernels.views`` rewrites ``_views_generated.py``; a test checks that the file is
+current), so the order of fields in the tables is the only place the layout is written down.
+It is a module of its own so that numba can cache it: compiled once, out of line, and inlined
+by LLVM into its callers, it costs each kernel one call to type instead of forty views.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
-from kvnumba._state import HEADER_BYTES, HEADER_SLOTS
+from kvnumba._state import HEADER_BYTES, HEADER_SLOTS, SCRATCH_FIELDS, STATE_FIELDS
+
+Views = NamedTuple(
+    "Views",
+    [(f.name, np.ndarray) for f in (*STATE_FIELDS, *SCRATCH_FIELDS)]
+    + [("arena", np.ndarray), ("scratch", np.ndarray), ("pool", np.ndarray)],
+)
+Views.__doc__ = "Every state and scratch field of a manager as a view, plus the three arenas."
+
+GENERATED = Path(__file__).with_name("_views_generated.py")
+_SHIFT = {1: 0, 4: 2, 8: 3}
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def _field(arena, header, i):
-    offset = header[HEADER_SLOTS * i]
-    return arena[offset : offset + header[HEADER_SLOTS * i + 1]]
+def _carve(prefix: str, header: str, fields, i: int) -> str:
+    """Source of the view of field ``i``: a slice of the arena viewed as the field's dtype.
+
+    One ``view`` per dtype and arena, not one per field: each costs compile time.
+    """
+    f = fields[i]
+    dtype = np.dtype(f.dtype)
+    at = HEADER_SLOTS * i
+    shift = f" >> {_SHIFT[dtype.itemsize]}" if dtype.itemsize > 1 else ""
+    expr = f"{prefix}_{dtype.name}[{header}[{at}]{shift} : ({header}[{at}] + {header}[{at + 1}]){shift}]"
+    if len(f.dims) == 2:
+        expr += f".reshape(({header}[{at + 3}], {header}[{at + 4}]))"
+    return f"        {expr},  # {f.name}"
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def _shape(header, i):
-    return header[HEADER_SLOTS * i + 2], header[HEADER_SLOTS * i + 3]
+def _typed(prefix: str, arena: str, fields) -> list[str]:
+    """One view of ``arena`` per dtype its fields use (arenas are multiples of 64 bytes)."""
+    names = sorted({np.dtype(f.dtype).name for f in fields} | {"int64"})
+    return [
+        f"    {prefix}_{name} = {arena}" + ("" if name == "uint8" else f".view(np.{name})")
+        for name in names
+    ]
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def unpack(arena, scratch):
-    """Named views of both arenas, in ``State`` field order then ``SCRATCH_FIELDS`` order."""
-    h = arena[:HEADER_BYTES].view(np.int64)
-    g = scratch[:HEADER_BYTES].view(np.int64)
-    return (
-        _field(arena, h, 0).view(np.int32),  # ref
-        _field(arena, h, 1).view(np.int32),  # lru_prev
-        _field(arena, h, 2).view(np.int32),  # lru_next
-        _field(arena, h, 3).view(np.int32),  # free_stack
-        _field(arena, h, 4).view(np.uint64),  # block_hash
-        _field(arena, h, 5).view(np.int64),  # block_salt
-        _field(arena, h, 6).view(np.uint8),  # block_flags
-        _field(arena, h, 7).view(np.int64).reshape(_shape(h, 7)),  # tokens
-        _field(arena, h, 8).view(np.int32),  # htab
-        _field(arena, h, 9).view(np.int32).reshape(_shape(h, 9)),  # seq_table
-        _field(arena, h, 10).view(np.int64),  # seq_len
-        _field(arena, h, 11).view(np.int64),  # seq_gen
-        _field(arena, h, 12).view(np.int64),  # seq_salt
-        _field(arena, h, 13).view(np.uint8),  # seq_live
-        _field(arena, h, 14).view(np.int32),  # slot_stack
-        _field(arena, h, 15).view(np.int64),  # meta
-        _field(scratch, g, 0).view(np.int64).reshape(_shape(g, 0)),  # ulog
-        _field(scratch, g, 1).view(np.int64),  # ev_ids
-        _field(scratch, g, 2).view(np.uint64),  # ev_hash
-        _field(scratch, g, 3).view(np.int64).reshape(_shape(g, 3)),  # ev_tok
-        _field(scratch, g, 4).view(np.int64),  # seq_mark
-        _field(scratch, g, 5).view(np.int64),  # scr
-        _field(scratch, g, 6).view(np.int64),  # meta_save
-    )
+def generate() -> str:
+    """The source of ``_views_generated.py`` for the current field tables."""
+    lines = [
+        '"""Generated by ``python -m kvnumba._kernels.views`` from the field tables of',
+        "``kvnumba._state``: do not edit.",
+        '"""',
+        "",
+        "import numpy as np",
+        "from numba import njit",
+        "",
+        "from kvnumba._kernels.views import Views",
+        "",
+        "",
+        "@njit(cache=True, _nrt=False)",
+        "def views(arena, scratch, pool):",
+        '    """Named views of a manager\'s arenas; ``pool`` is the page pool\'s arena (for a',
+        '    manager without one, any uint8 array: it is never read)."""',
+    ]
+    lines += _typed("a", "arena", STATE_FIELDS)
+    lines += _typed("s", "scratch", SCRATCH_FIELDS)
+    lines += [
+        f"    h = a_int64[:{HEADER_BYTES // 8}]",
+        f"    g = s_int64[:{HEADER_BYTES // 8}]",
+        "    return Views(",
+    ]
+    lines += [_carve("a", "h", STATE_FIELDS, i) for i in range(len(STATE_FIELDS))]
+    lines += [_carve("s", "g", SCRATCH_FIELDS, i) for i in range(len(SCRATCH_FIELDS))]
+    lines += ["        arena,", "        scratch,", "        pool,", "    )", ""]
+    return "\n".join(lines)
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def unpack_pages(arena, scratch):
-    """Views of the page-pool fields: ``pages, page_stamp, block_next, buckets, map_rec,
-    unmap_rec`` (empty without a page pool)."""
-    h = arena[:HEADER_BYTES].view(np.int64)
-    g = scratch[:HEADER_BYTES].view(np.int64)
-    return (
-        _field(arena, h, 16).view(np.int32).reshape(_shape(h, 16)),  # pages
-        _field(arena, h, 17).view(np.int64),  # page_stamp
-        _field(arena, h, 18).view(np.int32),  # block_next
-        _field(arena, h, 19).view(np.int32),  # buckets
-        _field(scratch, g, 7).view(np.int64).reshape(_shape(g, 7)),  # map_rec
-        _field(scratch, g, 8).view(np.int64).reshape(_shape(g, 8)),  # unmap_rec
-    )
+_SLOTS = [f.name for f in SCRATCH_FIELDS].index("slots")
 
 
 @njit(cache=True, inline="always")
@@ -77,4 +100,12 @@ def scratch_slots(scratch):
     stops there before writing past ``max_seqs`` entries.
     """
     g = scratch[:HEADER_BYTES].view(np.int64)
-    return _field(scratch, g, 9).view(np.int64)
+    offset = g[HEADER_SLOTS * _SLOTS]
+    return scratch[offset : offset + g[HEADER_SLOTS * _SLOTS + 1]].view(np.int64)
+
+
+if __name__ == "__main__":
+    GENERATED.write_text(generate())
+    print(f"wrote {GENERATED}")
+else:
+    from kvnumba._kernels._views_generated import views  # noqa: F401  (the generated kernel)

@@ -1,0 +1,79 @@
+"""Replaying the undo log of :mod:`.undo` backwards: a failed logged call leaves every array
+it wrote (the manager's arena and the page pool's) byte-identical to before the call.
+
+Above every module that writes state: it restores any field by its index in ``STATE_FIELDS``
+through the arena's header, without knowing what the field means.
+"""
+
+import numpy as np
+from numba import njit
+
+from kvnumba._kernels.pool import pool_give, pool_take, pool_views
+from kvnumba._kernels.undo import U_POOL_FREE, U_POOL_GIVE, U_POOL_HEAD, U_POOL_TAKE, U_TOKROW
+from kvnumba._kernels.views import views
+from kvnumba._state import (
+    HEADER_BYTES,
+    HEADER_SLOTS,
+    M_CLIENT,
+    S_EV_N,
+    S_LOG_N,
+    S_LOG_ON,
+    S_MAP_N,
+    S_UNMAP_N,
+)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def restore_element(arena, code, i, old):
+    """Write ``old`` back into element ``i`` (flat index) of state field ``code``."""
+    header = arena[:HEADER_BYTES].view(np.int64)
+    offset = header[HEADER_SLOTS * code]
+    data = arena[offset : offset + header[HEADER_SLOTS * code + 1]]
+    itemsize = header[HEADER_SLOTS * code + 2]
+    if itemsize == 8:
+        data.view(np.int64)[i] = old
+    elif itemsize == 4:
+        data.view(np.int32)[i] = old
+    else:
+        data[i] = old
+
+
+@njit(cache=True, _nrt=False)
+def rollback(arena, scratch, pool):
+    """Replay the undo log backwards and restore ``meta``; ends the logged call.
+
+    Pool entries are replayed in reverse order too, so the pool's free stack and owner records
+    come back byte for byte (``pool`` is only read when the log holds pool entries).
+    """
+    v = views(arena, scratch, pool)
+    ulog, scr = v.ulog, v.scr
+    for k in range(scr[S_LOG_N] - 1, -1, -1):
+        code = ulog[k, 0]
+        i = ulog[k, 1]
+        old = ulog[k, 2]
+        if code >= 0:
+            restore_element(arena, code, i, old)
+        elif code == U_TOKROW:
+            if old < 0:
+                v.tokens[i, :] = -1
+            else:
+                for j in range(v.tokens.shape[1]):
+                    v.tokens[i, j] = v.ev_tok[old, j]
+        else:
+            head, free, owner = pool_views(pool)
+            if code == U_POOL_TAKE:
+                pool_give(head, free, owner, i)
+            elif code == U_POOL_GIVE:
+                # The page went on top of the free stack and everything above it was undone.
+                pool_take(head, free, owner, v.meta_save[M_CLIENT : M_CLIENT + 3], old)
+            elif code == U_POOL_FREE:
+                free[i] = old
+            elif code == U_POOL_HEAD:
+                head[i] = old
+    for j in range(v.meta.shape[0]):
+        v.meta[j] = v.meta_save[j]
+    scr[S_LOG_N] = 0
+    scr[S_LOG_ON] = 0
+    scr[S_EV_N] = 0
+    scr[S_MAP_N] = 0
+    scr[S_UNMAP_N] = 0
