@@ -9,9 +9,15 @@ also means that a read-only input array never triggers a second compilation.
 
 from __future__ import annotations
 
+import logging
+import time
+
 from numba.core import config, types
 
-from kvnumba._kernels import entry
+from kvnumba._kernels import _cache_dirs, entry
+
+log = logging.getLogger("kvnumba")
+_announced = False
 
 _VEC = types.Array(types.int64, 1, "C")
 _ARENA = types.Array(types.uint8, 1, "C")
@@ -61,5 +67,44 @@ def compiled(name: str):
         return dispatcher
     arenas = 3 if name in PAGED else 2
     signature = (*SIGNATURES[name], *(_ARENA,) * arenas)
+    if signature not in dispatcher.overloads and not is_cached(name):
+        _announce()
     dispatcher.compile(signature)
     return dispatcher.overloads[signature].entry_point
+
+
+def is_cached(name: str) -> bool:
+    """Whether numba's on-disk cache holds the entry kernel ``name`` (its index file)."""
+    return any(any(d.glob(f"entry.{name}-*.nbi")) for d in _cache_dirs())
+
+
+def _announce() -> None:
+    """Say once per process that kernels are being compiled (a first run takes a while)."""
+    global _announced
+    if not _announced:
+        _announced = True
+        log.warning(
+            "kvnumba: compiling kernels for this machine (first use: a few seconds per kernel, "
+            "about a minute of CPU for all of them; cached afterwards, and `kvnumba compile` "
+            "does it ahead of time)"
+        )
+
+
+def compile_all(names=None, progress=None) -> dict[str, float]:
+    """Compile (or load from numba's cache) every entry kernel; returns CPU seconds per kernel.
+
+    Parameters
+    ----------
+    names : iterable of str, optional
+        Kernels to compile; all of :data:`SIGNATURES` by default.
+    progress : callable, optional
+        Called as ``progress(name, seconds)`` after each kernel.
+    """
+    spent = {}
+    for name in names or SIGNATURES:
+        start = time.process_time()
+        compiled(name)
+        spent[name] = time.process_time() - start
+        if progress is not None:
+            progress(name, spent[name])
+    return spent

@@ -53,13 +53,17 @@ def _bind_kernels(manager, paged: bool) -> None:
     On a page pool, ``_<name>`` is the ``<name>_paged`` variant where one exists. A kernel
     already loaded in this process is bound directly; any other is bound to a loader that
     compiles it (or loads it from numba's cache) on first use and rebinds itself, so a program
-    pays only for the kernels it calls.
+    pays only for the kernels it calls. A manager on a page pool loads all of its kernels at
+    construction, so that no call compiles while it holds the pool's lock.
     """
     from kvnumba._dispatch import SIGNATURES
 
     for name in SIGNATURES:
         kernel = name + "_paged" if paged and name + "_paged" in SIGNATURES else name
         attribute = "_" + name
+        if paged and kernel not in _KERNELS:
+            # Compiled now, never under the page pool's lock (other processes would wait).
+            _KERNELS[kernel] = compiled(kernel)
         setattr(manager, attribute, _KERNELS.get(kernel) or _loader(manager, kernel, attribute))
 
 

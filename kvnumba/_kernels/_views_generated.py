@@ -63,3 +63,8 @@ def views(arena, scratch, pool):
         scratch,
         pool,
     )
+
+
+# The same, inlined at numba's IR level: for the few hot workers that run it once per
+# call, where an out-of-line call returning forty views costs about 100 ns.
+views_inline = njit(cache=True, _nrt=False, inline="always")(getattr(views, "py_func", views))

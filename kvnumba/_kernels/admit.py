@@ -10,7 +10,7 @@ from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_pur
 from kvnumba._kernels.rollback import rollback
 from kvnumba._kernels.sequences import open_slot
 from kvnumba._kernels.undo import log_write, undo_log_rows_kernel
-from kvnumba._kernels.views import views
+from kvnumba._kernels.views import views, views_inline
 from kvnumba._state import (
     FIELD,
     M_CACHED,
@@ -49,7 +49,7 @@ def lookup_prefix(prompt, salt, hits, arena, scratch):
     At most ``(len(prompt) - 1) // block_size`` blocks are looked up (the last prompt token is
     always computed); the walk stops at the first miss. Returns (hits, hits at refcount 0).
     """
-    v = views(arena, scratch, scratch)
+    v = views_inline(arena, scratch, scratch)
     if v.meta[M_PREFIX_CACHING] == 0:
         return 0, 0
     block_size = v.tokens.shape[1]

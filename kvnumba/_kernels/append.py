@@ -8,7 +8,7 @@ from kvnumba._kernels.paging import free_now
 from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import log_write, set_logged
-from kvnumba._kernels.views import views
+from kvnumba._kernels.views import views, views_inline
 from kvnumba._state import (
     F_KNOWN,
     FIELD,
@@ -150,7 +150,7 @@ def append_tokens(
     return num_cow
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
     """Check an append request, writing each id's slot; returns (status, bad index, tokens).
 
@@ -159,7 +159,7 @@ def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
     Whole-array checks come first (counts, token ids), then each id in input order (unknown or
     released, duplicate, too long), the same order as the reference model.
     """
-    v = views(arena, scratch, scratch)
+    v = views_inline(arena, scratch, scratch)
     if counts.shape[0] != ids.shape[0]:
         return ST_TOKEN_MISMATCH, -1, 0
     # The sum is compared with len(tokens) without ever exceeding it, so it cannot wrap.
@@ -243,7 +243,7 @@ def run_append(
     status, bad, _ = validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch)
     if status != ST_OK:
         return status, bad, 0, 0, 0
-    v = views(arena, scratch, pool)
+    v = views_inline(arena, scratch, pool)
     meta, scr = v.meta, v.scr
     block_size = v.tokens.shape[1]
     free = free_now(v)

@@ -41,7 +41,7 @@ from kvnumba._state import (
 )
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def evict_block(v, b):
     """Reclaim cached block ``b``: off the LRU list, its table entry marked, payload recorded
     for ``on_evict`` and scrubbed. The caller sets its refcount and flags."""
@@ -60,10 +60,14 @@ def evict_block(v, b):
     v.meta[M_EVICTIONS] += 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def take_reclaimed(v):
     """A block when the free stack is empty: from the pages (with a page pool), else the LRU
-    head, evicted. The caller has checked that one is available."""
+    head, evicted. The caller has checked that one is available.
+
+    Inlined: an out-of-line call per evicted block measured about 200 ns (carving the views
+    again); the page code it reaches is out of line.
+    """
     b = NIL
     paged = v.meta[M_PAGE_K] != 0
     if paged:
@@ -141,7 +145,7 @@ def drop_ref(v, b):
             meta[M_FREE_TOP] = top + 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def register_full_block(v, b, parent_block, salt):
     """Hash a block that just became full and register it unless an equal block is registered.
 
@@ -169,7 +173,7 @@ def register_full_block(v, b, parent_block, salt):
     set_logged(v, flags, FIELD.block_flags, b, new_flags)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def claim_cached(v, b):
     """A prefix hit on cached block ``b`` (refcount 0): off the LRU list, in use again; the
     caller adds the reference."""

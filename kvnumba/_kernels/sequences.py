@@ -9,7 +9,7 @@ from numba import njit
 from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.undo import log_write
-from kvnumba._kernels.views import views
+from kvnumba._kernels.views import views, views_inline
 from kvnumba._state import FIELD, M_LIVE_SEQS, M_SLOT_TOP, NIL, S_STAMP, S_UNMAP_N
 from kvnumba.errors import (
     ST_DUPLICATE_ID,
@@ -93,7 +93,7 @@ def run_new_sequences(ids, arena, scratch):
 @njit(cache=True, _nrt=False)
 def run_release(slots, arena, scratch, pool):
     """Release the sequences of ``slots`` (validated), each tail block first."""
-    v = views(arena, scratch, pool)
+    v = views_inline(arena, scratch, pool)
     meta, seq_table = v.meta, v.seq_table
     block_size = v.tokens.shape[1]
     v.scr[S_UNMAP_N] = 0

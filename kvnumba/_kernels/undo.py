@@ -50,7 +50,8 @@ def append_entry(ulog, scr, code, index, old):
 @njit(cache=True, _nrt=False, inline="always")
 def log_write(v, code, index, old):
     """Append ``(code, index, old)`` to the undo log of views ``v`` if the call is logged."""
-    append_entry(v.ulog, v.scr, code, index, old)
+    if v.scr[S_LOG_ON] != 0:  # tested inline: most calls are not logged
+        append_entry(v.ulog, v.scr, code, index, old)
 
 
 @njit(cache=True, _nrt=False, inline="always")
