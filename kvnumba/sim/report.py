@@ -184,3 +184,127 @@ def timeline_title(trace_name: str, config: SimConfig) -> str:
         f"{trace_name}: {config.blocks:,} blocks, block size {config.block_size} tokens, "
         f"prefix caching {'on' if config.prefix_caching else 'off'}"
     )
+
+
+#: Grid dimensions other than the pool size; a plot draws one line per combination.
+SERIES_COLUMNS = ("block_size", "prefix_caching", "max_batch", "step_ms", "limit")
+_SERIES_LABELS = {
+    "block_size": lambda v: f"block size {v} tokens",
+    "prefix_caching": lambda v: f"prefix caching {'on' if v else 'off'}",
+    "max_batch": lambda v: f"max batch {v}",
+    "step_ms": lambda v: f"step {v:g} ms",
+    "limit": lambda v: "all requests" if v is None else f"first {v:,} requests",
+}
+
+
+def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
+    """Hit rate, preemptions and peak blocks used against pool size, one row of plots a trace.
+
+    Parameters
+    ----------
+    rows : sequence of dict
+        Sweep rows (:func:`kvnumba.sim.sweep.sweep`, or ``results.jsonl`` read back).
+    path : str or pathlib.Path, optional
+        Output ``.png``; ``None`` returns the figure (it displays in a notebook).
+
+    Returns
+    -------
+    matplotlib.figure.Figure or None
+        The figure when ``path`` is ``None``.
+
+    Notes
+    -----
+    The hit rate is that of first admissions; the trace's ideal hit rate (unbounded pool, same
+    block size) is the dashed horizontal line it cannot exceed. One line per combination of the
+    other grid dimensions, labelled by the dimensions that vary.
+    """
+    from matplotlib.figure import Figure
+
+    if not rows:
+        raise ValueError("no rows to plot")
+    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    varying = [c for c in SERIES_COLUMNS if len({r.get(c) for r in rows}) > 1]
+    fig = Figure(figsize=(15, 3.8 * len(traces)), dpi=100)
+    axes = fig.subplots(len(traces), 3, squeeze=False)
+    colors = [f"C{i}" for i in range(10)]
+    for ax_row, trace in zip(axes, traces, strict=True):
+        mine = [r for r in rows if r["trace"] == trace]
+        series: dict[tuple, list[dict]] = {}
+        for r in mine:
+            series.setdefault(tuple(r.get(c) for c in varying), []).append(r)
+        hit, pre, peak = ax_row
+        rejected_marked = False
+        for i, (values, group) in enumerate(series.items()):
+            group = sorted(group, key=lambda r: r["blocks"])
+            x = [r["blocks"] for r in group]
+            label = ", ".join(_SERIES_LABELS[c](v) for c, v in zip(varying, values, strict=True))
+            style = {"color": colors[i % 10], "marker": "o", "label": label or "simulated"}
+            hit.plot(x, [100 * r["prefix_hit_rate"] for r in group], **style)
+            pre.plot(x, [r["preemptions"] for r in group], **style)
+            peak.plot(x, [r["peak_blocks_used"] for r in group], **style)
+            # A pool smaller than some requests rejects them: such a point replays fewer
+            # requests than the others (and than the ideal line), so it is marked.
+            short = [r for r in group if r["rejected"]]
+            if short:
+                hit.scatter(
+                    [r["blocks"] for r in short],
+                    [100 * r["prefix_hit_rate"] for r in short],
+                    marker="x",
+                    s=80,
+                    color="k",
+                    zorder=3,
+                    label="_rejected" if rejected_marked else "requests rejected (pool too small)",
+                )
+                rejected_marked = True
+        ideals = {}
+        for r in mine:
+            if r.get("ideal_prefix_hit_rate") is not None:
+                ideals[r["block_size"]] = r["ideal_prefix_hit_rate"]
+        for j, (bs, ideal) in enumerate(sorted(ideals.items())):
+            hit.axhline(
+                100 * ideal,
+                color="k",
+                lw=1,
+                ls=("--", ":", "-.")[j % 3],
+                label=f"ideal (unbounded pool), block size {bs} tokens",
+            )
+        if not ideals:
+            hit.text(
+                0.02,
+                0.97,
+                "no ideal line: the trace has no hash_ids",
+                transform=hit.transAxes,
+                va="top",
+                fontsize="small",
+            )
+        top = max([100 * r["prefix_hit_rate"] for r in mine] + [100 * v for v in ideals.values()])
+        hit.set_ylim(0, max(1.0, 1.1 * top))
+        pools = sorted({r["blocks"] for r in mine})
+        peak.plot(pools, pools, color="0.5", lw=0.8, ls="--", label="pool size (all used)")
+        name = Path(str(trace)).name
+        hit.set(ylabel="prefix hit rate, first admissions (%)", title=f"{name}: hit rate")
+        pre.set(ylabel="preemptions", title=f"{name}: preemptions")
+        pre.set_yscale("symlog", linthresh=1)
+        pre.set_ylim(bottom=0)
+        peak.set(ylabel="peak blocks used", title=f"{name}: peak blocks used")
+        for ax in ax_row:
+            ax.set_xlabel("pool size (blocks)")
+            if pools[-1] >= 10 * pools[0]:
+                ax.set_xscale("log")
+            ax.grid(alpha=0.3, which="both")
+        # One legend per trace, outside the plots so that it never covers a curve.
+        handles, labels = hit.get_legend_handles_labels()
+        h2, l2 = peak.get_legend_handles_labels()
+        peak.legend(
+            handles + h2[-1:],
+            labels + l2[-1:],
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1.0),
+            borderaxespad=0.0,
+            fontsize="small",
+        )
+    fig.tight_layout()
+    if path is None:
+        return fig
+    fig.savefig(path, bbox_inches="tight")
+    return None
