@@ -203,7 +203,7 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
     Parameters
     ----------
     rows : sequence of dict
-        Sweep rows (:func:`kvnumba.sim.sweep.sweep`, or ``results.jsonl`` read back).
+        Sweep rows (:func:`kvnumba.sim.sweep`, or ``results.jsonl`` read back).
     path : str or pathlib.Path, optional
         Output ``.png``; ``None`` returns the figure (it displays in a notebook).
 

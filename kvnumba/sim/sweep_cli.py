@@ -140,7 +140,7 @@ def _traces(values: list[str]) -> list[str]:
 
 
 def read_grid_file(path: Path) -> dict:
-    """Read a TOML grid file into :func:`kvnumba.sim.sweep.sweep` keyword arguments.
+    """Read a TOML grid file into :func:`kvnumba.sim.sweep` keyword arguments.
 
     Parameters
     ----------
@@ -184,7 +184,7 @@ def read_grid_file(path: Path) -> dict:
 
 
 def grid_arguments(args: argparse.Namespace) -> dict:
-    """The :func:`kvnumba.sim.sweep.sweep` keyword arguments of a command line.
+    """The :func:`kvnumba.sim.sweep` keyword arguments of a command line.
 
     Parameters
     ----------
@@ -281,7 +281,7 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def _rows_on_disk(out: Path) -> int:
-    from kvnumba.sim.sweep import RESULTS_JSONL
+    from kvnumba.sim.sweeps import RESULTS_JSONL
 
     try:
         with (out / RESULTS_JSONL).open("rb") as fh:
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvnumba sweep: {exc}", file=sys.stderr)
         return EXIT_USAGE
     out: Path = kwargs["out"]
-    from kvnumba.sim.sweep import GridError, sweep
+    from kvnumba.sim.sweeps import GridError, sweep
 
     try:
         result = sweep(**kwargs)
