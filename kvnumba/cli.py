@@ -47,7 +47,11 @@ def main(argv: list[str] | None = None) -> int:
             from kvnumba.bench.cli import main as bench_main
 
             return bench_main(rest)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        from kvnumba.sim.cli import interrupted
+
+        if not interrupted(exc):
+            raise
         # The commands report their own interruption; this catches Ctrl-C anywhere else
         # (while numba loads, in bench): one line and status 130, never a traceback.
         print(f"kvnumba {command}: interrupted", file=sys.stderr)

@@ -219,10 +219,37 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()  # wall_s covers the whole command, not only the replay
     try:
         return _main(sys.argv[2:] if argv is None else argv, t_start)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not interrupted(exc):
+            raise
         # One line, no traceback: Ctrl-C is how a user stops a long replay, not a crash.
         print("kvnumba simulate: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether an exception is Ctrl-C, possibly wrapped by the code it interrupted.
+
+    A SIGINT that arrives while a numba kernel is calling back into Python raises
+    ``KeyboardInterrupt`` inside that call, and numba reports it as a ``SystemError`` whose
+    cause is the ``KeyboardInterrupt``; so the cause chain is searched, not only the type.
+
+    Parameters
+    ----------
+    exc : BaseException
+        The exception that ended the command.
+
+    Returns
+    -------
+    bool
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _main(argv: list[str], t_start: float) -> int:
@@ -273,6 +300,7 @@ def _main(argv: list[str], t_start: float) -> int:
         "max_seq_len": config.max_seq_len,
         "step_ms": config.step_ms,
         "prefix_caching": config.prefix_caching,
+        "max_prefill_tokens": config.max_prefill_tokens,
         "manager": "reference" if args.reference else "BlockManager",
     }
     if args.plot is not None:

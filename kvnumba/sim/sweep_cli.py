@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvnumba.sim.cli import interrupted
 from kvnumba.sim.scheduler import DEFAULT_MAX_SEQ_LEN, DEFAULT_STEP_MS
 
 EXIT_FAILED = 1
@@ -318,13 +319,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = sweep(**kwargs)
-    except KeyboardInterrupt:
-        print(
-            f"kvnumba sweep: interrupted; {_rows_on_disk(out)} results kept in {out}, run the "
-            "same command again to resume",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
     except GridError as exc:
         print(f"kvnumba sweep: bad grid: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -337,6 +331,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # the output folder, or the scheduler address
         print(f"kvnumba sweep: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BaseException as exc:  # Ctrl-C, possibly wrapped by numba (see `interrupted`)
+        if not interrupted(exc):
+            raise
+        print(
+            f"kvnumba sweep: interrupted; {_rows_on_disk(out)} rows kept in "
+            f"{out / 'results.jsonl'}; run the same command again to resume",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
 
     if result.rows:
         print(format_rows(result.rows))

@@ -503,7 +503,9 @@ def _dask_client(scheduler, n_workers: int | None, cache_dir: str | None):
             n_workers=n_workers or os.cpu_count() or 1,
             threads_per_worker=1,  # one simulation per process: they hold the GIL
             processes=True,
-            dashboard_address=None,  # no web server, no port to collide with
+            # Any free port for the scheduler's HTTP server: 8787 may be taken by another
+            # cluster, and distributed then warns on stderr.
+            dashboard_address=":0",
             silence_logs=logging.ERROR,
             env=env,
         )
