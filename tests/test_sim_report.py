@@ -227,6 +227,10 @@ def test_ideal_hit_rate_order_and_rules(tmp_path):
     # A request longer than max_seq_len is never admitted, so it neither hits nor fills.
     reqs = load_trace(mooncake_file(tmp_path, HAND, "again.jsonl"))
     assert ideal_prefix_hit_rate(reqs, 16, max_seq_len=1010) == ideal_prefix_hits(keys, [1, 2])
+    # A repeated 1024-token prompt reuses 63 of its 64 blocks: the last holds its last token.
+    again = [(0, 1024, 1, [1, 2]), (1, 1024, 1, [1, 2])]
+    reqs = load_trace(mooncake_file(tmp_path, again, "twice.jsonl"))
+    assert ideal_prefix_hit_rate(reqs, 16).cached_tokens == 63 * 16
     # A prompt of one block never hits: its last token is in it.
     one = load_trace(mooncake_file(tmp_path, [(0, 16, 1, [7]), (1, 16, 1, [7])], "one.jsonl"))
     assert ideal_prefix_hit_rate(one, 16).cached_tokens == 0
