@@ -223,12 +223,12 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
     if not rows:
         raise ValueError("no rows to plot")
     traces = list(dict.fromkeys(r["trace"] for r in rows))
-    varying = [c for c in SERIES_COLUMNS if len({r.get(c) for r in rows}) > 1]
     fig = Figure(figsize=(15, 3.8 * len(traces)), dpi=100)
     axes = fig.subplots(len(traces), 3, squeeze=False)
     colors = [f"C{i}" for i in range(10)]
     for ax_row, trace in zip(axes, traces, strict=True):
         mine = [r for r in rows if r["trace"] == trace]
+        varying = [c for c in SERIES_COLUMNS if len({r.get(c) for r in mine}) > 1]
         series: dict[tuple, list[dict]] = {}
         for r in mine:
             series.setdefault(tuple(r.get(c) for c in varying), []).append(r)
@@ -287,11 +287,14 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
         pre.set_yscale("symlog", linthresh=1)
         pre.set_ylim(bottom=0)
         peak.set(ylabel="peak blocks used", title=f"{name}: peak blocks used")
+        wide = pools[-1] >= 10 * pools[0]
         for ax in ax_row:
             ax.set_xlabel("pool size (blocks)")
-            if pools[-1] >= 10 * pools[0]:
+            if wide:
                 ax.set_xscale("log")
             ax.grid(alpha=0.3, which="both")
+        if wide:  # else the pool-size diagonal flattens every curve against the axis
+            peak.set_yscale("log")
         # One legend per trace, outside the plots so that it never covers a curve.
         handles, labels = hit.get_legend_handles_labels()
         h2, l2 = peak.get_legend_handles_labels()
