@@ -233,7 +233,9 @@ def test_cli_with_grid_file_on_a_running_cluster(client, tmp_path, capsys):
 
 @pytest.mark.skipif(not os.environ.get("NUMBA_CACHE_DIR"), reason="needs NUMBA_CACHE_DIR")
 def test_workers_load_the_kernels_and_compile_nothing(client, tmp_path):
-    # The session warmed the kernels; a worker that compiled would write to the cache.
+    # Warm every kernel here first (as the sweep does in its client), so that a cold cache is
+    # filled before the snapshot; then a worker that compiled would write to the cache.
+    sweeps.warm_kernels()
     cache = Path(os.environ["NUMBA_CACHE_DIR"])
     before = {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
     result = sweep(traces=["azure"], blocks=[700, 900, 1100, 1300], limit=30, scheduler=client)
