@@ -282,3 +282,46 @@ def test_ctrl_c_stops_a_local_sweep_with_status_130(tmp_path):
     assert stderr.count("\n") == 1 and "Traceback" not in stderr
     assert stderr.startswith("kvnumba sweep: interrupted; 1 rows kept in")
     assert len(rows.read_text().splitlines()) == 1
+
+
+def test_a_failing_simulation_is_reported_and_retried_later(client, monkeypatch, tmp_path, capsys):
+    # Skip the client's check so that the malformed trace reaches a worker and fails there.
+    monkeypatch.setattr(sweeps, "check_traces", lambda points: None)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0}\n')
+    grid = {"traces": ["azure", str(bad)], "blocks": [800], "limit": 20}
+    result = sweep(**grid, out=tmp_path / "out", scheduler=client)
+    assert result.ran == 1 and len(result.rows) == 1
+    ((point, error),) = result.failed
+    assert point.trace == str(bad.resolve()) and "line 1" in error
+    argv = ["--trace", f"azure,{bad}", "--blocks", "800", "--limit", "20"]
+    argv += ["--out", str(tmp_path / "out"), "--scheduler", client.scheduler.address]
+    assert sweep_main(argv) == 1  # the failed point has no row, so it runs (and fails) again
+    captured = capsys.readouterr()
+    assert "ran 0 simulations" in captured.out and "failed:" in captured.err
+
+
+def test_progress_bar_without_tqdm(monkeypatch):
+    from kvnumba.sim import _progress
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now raises ImportError
+    with _progress.progress_bar(3, "sim", "sweep") as bar:
+        bar.update()
+        bar.set_postfix_str("x")
+    assert isinstance(bar, _progress.NoBar)
+
+
+def test_worker_adopts_the_client_cache_dir_only_when_it_has_none(monkeypatch, tmp_path):
+    from numba.core import config
+
+    reloads = []
+    # Record instead of reloading: this test process must keep its own cache directory.
+    monkeypatch.setattr(config, "reload_config", lambda: reloads.append(1))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    sweeps._adopt_cache_dir(str(tmp_path / "elsewhere"))  # not on this machine: ignored
+    assert "NUMBA_CACHE_DIR" not in os.environ and not reloads
+    sweeps._adopt_cache_dir(str(tmp_path))
+    assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path) and reloads == [1]
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "/own/dir")
+    sweeps._adopt_cache_dir(str(tmp_path))
+    assert os.environ["NUMBA_CACHE_DIR"] == "/own/dir" and reloads == [1]
