@@ -325,3 +325,25 @@ def test_worker_adopts_the_client_cache_dir_only_when_it_has_none(monkeypatch, t
     monkeypatch.setenv("NUMBA_CACHE_DIR", "/own/dir")
     sweeps._adopt_cache_dir(str(tmp_path))
     assert os.environ["NUMBA_CACHE_DIR"] == "/own/dir" and reloads == [1]
+
+
+def test_grid_accepts_numpy_values_and_drops_duplicates():
+    import numpy as np
+
+    points = make_grid(
+        "azure",
+        blocks=np.array([4096, 8192, 4096]),
+        prefix_caching=np.array([True, False]),
+        step_ms=np.float32(30),
+        limit=np.int64(20),
+    )
+    assert [(p.blocks, p.prefix_caching) for p in points] == [
+        (4096, True),
+        (8192, True),
+        (4096, False),
+        (8192, False),
+    ]
+    assert all(type(p.blocks) is int and type(p.limit) is int for p in points)
+    assert json.loads(points[0].key)["step_ms"] == 30.0
+    # The default pool (None) and its explicit size are one simulation.
+    assert len(make_grid("azure", blocks=[None, 2**19 // 16])) == 1

@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+import itertools
 import json
 import math
+import numbers
 import os
 import signal
 import sys
@@ -31,6 +33,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from kvnumba.sim._progress import progress_bar
 from kvnumba.sim.ideal import BlockKeys, block_keys
@@ -148,20 +152,31 @@ def resolve_trace(trace: str | os.PathLike) -> Path:
 
 
 def _is_int(value) -> bool:
-    # bool is an int subclass, but TOML's true is not a pool size.
-    return isinstance(value, int) and not isinstance(value, bool)
+    # numpy integers count (a pool-size range is often built with numpy); bool is an int
+    # subclass, but TOML's true is not a pool size.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _plain(value):
+    """A Python int/float/bool for a numpy scalar, so that rows and keys serialize as JSON."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if value is None or isinstance(value, (str, os.PathLike)):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _values(name: str, values, check: Callable[[object], bool], what: str) -> list:
-    """The distinct values of one grid dimension, in order; ValueError if empty or invalid."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+    """The distinct values of one grid dimension, in order; GridError if empty or invalid."""
+    if isinstance(values, (str, bytes, os.PathLike)) or not isinstance(values, Iterable):
         values = [values]
-    values = list(dict.fromkeys(values))  # a repeated value would be one simulation twice
-    if not values:
-        raise GridError(f"empty grid: no value for {name}")
+    values = list(values)
     for v in values:
         if not check(v):
             raise GridError(f"{name} must be {what}, got {v!r}")
+    values = list(dict.fromkeys(_plain(v) for v in values))  # a repeat: one simulation twice
+    if not values:
+        raise GridError(f"empty grid: no value for {name}")
     return values
 
 
@@ -174,7 +189,8 @@ def _optional(check: Callable[[object], bool]) -> Callable[[object], bool]:
 
 
 def _finite_positive(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    real = isinstance(v, numbers.Real) and not isinstance(v, bool)
+    return real and math.isfinite(v) and v > 0
 
 
 def make_grid(
@@ -215,9 +231,9 @@ def make_grid(
     Raises
     ------
     GridError
-        A ``ValueError``: on an empty dimension, an unknown trace (not embedded, no such file, or a format other
-        than ``.jsonl`` / ``.csv``), or a bad value (block size 0, non-finite step, ...). The
-        message names the dimension and the value.
+        A ``ValueError``: on an empty dimension, an unknown trace (not embedded, no such
+        file, or a format other than ``.jsonl`` / ``.csv``), or a bad value (block size 0,
+        non-finite step, ...). The message names the dimension and the value.
     """
     names = _values("traces", traces, lambda v: isinstance(v, (str, os.PathLike)), "names")
     trace_ids = []
@@ -235,35 +251,34 @@ def make_grid(
         trace_ids.append(str(t))
     sizes = _values("block_size", block_sizes, _positive_int, "an integer >= 1")
     pools = _values("blocks", blocks, _optional(_positive_int), "an integer >= 1")
-    caching = _values("prefix_caching", prefix_caching, lambda v: isinstance(v, bool), "a bool")
+    caching = _values(
+        "prefix_caching", prefix_caching, lambda v: isinstance(v, (bool, np.bool_)), "a bool"
+    )
     batches = _values("max_batch", max_batch, _positive_int, "an integer >= 1")
     steps = _values("step_ms", step_ms, _finite_positive, "a finite number > 0")
-    for name, value, check, what in (
-        ("limit", limit, _optional(_positive_int), "an integer >= 1"),
-        ("max_seq_len", max_seq_len, _positive_int, "an integer >= 1"),
-        ("max_prefill_tokens", max_prefill_tokens, _optional(_positive_int), "an integer >= 1"),
+    scalars = {}
+    for name, value, check in (
+        ("limit", limit, _optional(_positive_int)),
+        ("max_seq_len", max_seq_len, _positive_int),
+        ("max_prefill_tokens", max_prefill_tokens, _optional(_positive_int)),
     ):
         if not check(value):
-            raise GridError(f"{name} must be {what}, got {value!r}")
+            raise GridError(f"{name} must be an integer >= 1, got {value!r}")
+        scalars[name] = _plain(value)
     points: dict[str, SweepPoint] = {}
-    for trace in trace_ids:
-        for bs in sizes:
-            for pc in caching:
-                for mb in batches:
-                    for st in steps:
-                        for nb in pools:
-                            p = SweepPoint(
-                                trace=trace,
-                                limit=limit,
-                                blocks=nb if nb is not None else max(1, DEFAULT_POOL_TOKENS // bs),
-                                block_size=bs,
-                                prefix_caching=pc,
-                                max_batch=mb,
-                                step_ms=float(st),
-                                max_seq_len=max_seq_len,
-                                max_prefill_tokens=max_prefill_tokens,
-                            )
-                            points.setdefault(p.key, p)  # None and the default pool coincide
+    for trace, bs, pc, mb, st, nb in itertools.product(
+        trace_ids, sizes, caching, batches, steps, pools
+    ):
+        p = SweepPoint(
+            trace=trace,
+            blocks=nb if nb is not None else max(1, DEFAULT_POOL_TOKENS // bs),
+            block_size=bs,
+            prefix_caching=pc,
+            max_batch=mb,
+            step_ms=float(st),
+            **scalars,
+        )
+        points.setdefault(p.key, p)  # None and the default pool are one point
     return list(points.values())
 
 
