@@ -70,9 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kvnumba sweep``."""
     p = argparse.ArgumentParser(
         prog="kvnumba sweep",
-        description="Replay traces through the block manager for every point of a grid "
-        "(traces x pool sizes x block sizes x prefix caching x max batch x step length), one "
-        "Dask task per simulation, one table row per simulation; then plot hit rate, "
+        description="Replay traces through the block manager for every point of a grid\n"
+        "(traces x pool sizes x block sizes x prefix caching x max batch x step length), one\n"
+        "Dask task per simulation, one table row per simulation; then plot hit rate,\n"
         "preemptions and peak blocks used against pool size.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
