@@ -1,16 +1,20 @@
-"""The ``kvnumba`` command: ``kvnumba simulate ...`` and ``kvnumba bench ...``."""
+"""The ``kvnumba`` command: ``simulate``, ``sweep``, ``bench`` and ``compile``."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = """usage: kvnumba {simulate,bench,compile} [options]
+USAGE = """usage: kvnumba {simulate,sweep,bench,compile} [options]
 
   simulate   replay a serving trace through the block manager (default: embedded Mooncake trace)
+  sweep      run a grid of simulations (traces x pool sizes x ...) on Dask, tabulate and plot
   bench      run the standard workloads against kvnumba and the pure-Python reference
   compile    compile every kernel ahead of time into numba's cache (for images and CI)
 
 Run 'kvnumba COMMAND --help' for the options of one command."""
+
+#: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,23 +28,37 @@ def main(argv: list[str] | None = None) -> int:
     Returns
     -------
     int
-        Process exit code.
+        Process exit code; 130 when interrupted by Ctrl-C.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
-    if command == "simulate":
-        from kvnumba.sim.cli import main as simulate_main
+    try:
+        if command == "simulate":
+            from kvnumba.sim.cli import main as simulate_main
 
-        return simulate_main(rest)
-    if command == "bench":
-        from kvnumba.bench.cli import main as bench_main
+            return simulate_main(rest)
+        if command == "sweep":
+            from kvnumba.sim.sweep_cli import main as sweep_main
 
-        return bench_main(rest)
-    if command == "compile":
-        return _compile(rest)
+            return sweep_main(rest)
+        if command == "bench":
+            from kvnumba.bench.cli import main as bench_main
+
+            return bench_main(rest)
+        if command == "compile":
+            return _compile(rest)
+    except BaseException as exc:
+        from kvnumba.sim.cli import interrupted
+
+        if not interrupted(exc):
+            raise
+        # The commands report their own interruption; this catches Ctrl-C anywhere else
+        # (while numba loads, in bench): one line and status 130, never a traceback.
+        print(f"kvnumba {command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(f"kvnumba: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

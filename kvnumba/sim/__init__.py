@@ -1,12 +1,21 @@
-"""Trace-driven serving simulation on top of the block manager (``kvnumba simulate``).
+"""Trace-driven serving simulation on top of the block manager.
 
 * :mod:`kvnumba.sim.traces` parses the Mooncake JSONL and Azure CSV traces into lazy
   :class:`Request` records;
 * :mod:`kvnumba.sim.scheduler` replays them with continuous batching and preemption;
-* :mod:`kvnumba.sim.cli` is the command line.
+* :mod:`kvnumba.sim.ideal` computes a trace's ideal prefix hit rate (an unbounded pool);
+* :mod:`kvnumba.sim.report` builds the reported fields, the hint and the plots;
+* :mod:`kvnumba.sim.sweeps` runs grids of simulations on Dask (:func:`sweep`);
+* :mod:`kvnumba.sim.cli` and :mod:`kvnumba.sim.sweep_cli` are ``kvnumba simulate`` and
+  ``kvnumba sweep``.
+
+:func:`sweep` needs the ``sweep`` extra (``distributed``), imported only when a sweep runs, so
+``import kvnumba.sim`` loads neither Dask nor numba.
 """
 
+from kvnumba.sim.ideal import ideal_prefix_hit_rate
 from kvnumba.sim.scheduler import SimConfig, SimResult, Simulator, simulate
+from kvnumba.sim.sweeps import SweepResult, sweep
 from kvnumba.sim.traces import Request, load_azure, load_mooncake, load_trace
 
 __all__ = [
@@ -14,8 +23,11 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "Simulator",
+    "SweepResult",
+    "ideal_prefix_hit_rate",
     "load_azure",
     "load_mooncake",
     "load_trace",
     "simulate",
+    "sweep",
 ]

@@ -1,25 +1,32 @@
 """``kvnumba simulate``: replay a serving trace through the block manager and report.
 
-Exit codes: 0 success; 2 usage error, unreadable or malformed trace, unwritable plot.
+Exit codes: 0 success; 2 usage error, unreadable or malformed trace, unwritable plot; 130
+interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 from pathlib import Path
 
+from kvnumba.sim._progress import progress_bar
+from kvnumba.sim.report import eviction_hint, result_fields, save_timeline, timeline_title
 from kvnumba.sim.scheduler import (
     DEFAULT_MAX_SEQ_LEN,
     DEFAULT_POOL_TOKENS,
     DEFAULT_STEP_MS,
     SimConfig,
-    SimResult,
     Simulator,
     reference_manager_factory,
 )
 from kvnumba.sim.traces import default_trace_path, load_trace
+
+#: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
+EXIT_INTERRUPTED = 130
 
 EPILOG = """\
 The default trace is the Mooncake synthetic trace (Qin et al., FAST'25; Apache-2.0) shipped in
@@ -43,8 +50,9 @@ def _positive(text: str) -> int:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    # float() accepts "inf" and "nan"; neither is a step length.
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 
@@ -121,7 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="FILE.png",
-        help="save a plot of blocks used/cached over the steps",
+        help="save a plot of blocks used and cached against trace time",
+    )
+    p.add_argument(
+        "--log-y",
+        action="store_true",
+        help="logarithmic block axis in --plot (a few used blocks stay visible in a huge pool)",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
@@ -143,7 +156,8 @@ def format_report(summary: dict, header: list[tuple[str, str]]) -> str:
     Parameters
     ----------
     summary : dict
-        :meth:`kvnumba.sim.SimResult.summary` of the run.
+        The ``results`` of ``kvnumba simulate --json``
+        (:func:`kvnumba.sim.report.result_fields` plus ``wall_s``).
     header : list of (str, str)
         Rows printed first (trace and pool description).
 
@@ -153,13 +167,23 @@ def format_report(summary: dict, header: list[tuple[str, str]]) -> str:
         Two aligned columns, one metric a line.
     """
     s = summary
+    ideal = s["ideal_prefix_hit_rate"]
     rows = header + [
         ("requests served", f"{s['served']:,} of {s['requests']:,}"),
         ("rejected (longer than max_seq_len or pool)", f"{s['rejected']:,}"),
         (
-            "prefix hit rate (tokens)",
-            f"{s['prefix_hit_rate_tokens']:.1%} ({s['cached_prompt_tokens']:,} of "
-            f"{s['admitted_prompt_tokens']:,} prompt tokens)",
+            "prefix hit rate, first admissions",
+            f"{s['prefix_hit_rate']:.1%} ({s['first_admit_cached_tokens']:,} of "
+            f"{s['first_admit_prompt_tokens']:,} prompt tokens)",
+        ),
+        (
+            "ideal hit rate (unbounded pool)",
+            "n/a (the trace has no hash_ids)" if ideal is None else f"{ideal:.1%}",
+        ),
+        (
+            "recompute after preemption",
+            f"{s['recompute_tokens']:,} tokens, {s['recompute_cached_tokens']:,} from cache "
+            f"(hit rate incl. recompute {s['prefix_hit_rate_incl_recompute']:.1%})",
         ),
         ("decode steps simulated", f"{s['steps']:,}"),
         ("blocks used, peak / mean", f"{s['peak_blocks_used']:,} / {s['mean_blocks_used']:,.0f}"),
@@ -174,72 +198,9 @@ def format_report(summary: dict, header: list[tuple[str, str]]) -> str:
             "allocator time per step, median / mean",
             f"{s['alloc_us_per_step_median']:.1f} us / {s['alloc_us_per_step_mean']:.1f} us",
         ),
-        ("wall time", f"{s['wall_s']:.1f} s"),
+        ("wall time, whole command / replay", f"{s['wall_s']:.1f} s / {s['replay_s']:.1f} s"),
     ]
     return _table(rows)
-
-
-def save_plot(result: SimResult, num_blocks: int, path: Path, title: str) -> None:
-    """Plot blocks used and cached against the decode step (Agg backend, no display needed).
-
-    Parameters
-    ----------
-    result : SimResult
-        The run to plot.
-    num_blocks : int
-        Pool size, drawn as a dashed line.
-    path : pathlib.Path
-        Output ``.png`` file.
-    title : str
-        Figure title.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4), dpi=110)
-    ax.stackplot(
-        result.steps,
-        result.used,
-        result.cached,
-        labels=["used", "cached"],
-        colors=["tab:blue", "tab:orange"],
-        alpha=0.8,
-        step="post",
-    )
-    ax.axhline(num_blocks, color="k", lw=0.8, ls="--", label="pool size")
-    ax.set_xlabel("decode step")
-    ax.set_ylabel("blocks")
-    ax.set_title(title)
-    ax.legend(loc="upper right")
-    fig.tight_layout()
-    try:
-        fig.savefig(path)
-    finally:
-        plt.close(fig)
-
-
-class _NoBar:
-    """Stands in for tqdm when it is not installed (it comes with the ``sim`` extra)."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def update(self, n=1):
-        """Ignore progress."""
-
-
-def _progress_bar(total: int):
-    """A tqdm bar on stderr, shown only when stderr is a terminal (logs and pipes stay clean)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, unit="req", file=sys.stderr, disable=None, desc="simulate")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,11 +214,48 @@ def main(argv: list[str] | None = None) -> int:
     Returns
     -------
     int
-        0 on success, 2 on a usage, trace-file or plot-file error.
+        0 on success, 2 on a usage, trace-file or plot-file error, 130 when interrupted.
     """
+    t_start = time.perf_counter()  # wall_s covers the whole command, not only the replay
+    try:
+        return _main(sys.argv[2:] if argv is None else argv, t_start)
+    except BaseException as exc:
+        if not interrupted(exc):
+            raise
+        # One line, no traceback: Ctrl-C is how a user stops a long replay, not a crash.
+        print("kvnumba simulate: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether an exception is Ctrl-C, possibly wrapped by the code it interrupted.
+
+    A SIGINT that arrives while a numba kernel is calling back into Python raises
+    ``KeyboardInterrupt`` inside that call, and numba reports it as a ``SystemError`` whose
+    cause is the ``KeyboardInterrupt``; so the cause chain is searched, not only the type.
+
+    Parameters
+    ----------
+    exc : BaseException
+        The exception that ended the command.
+
+    Returns
+    -------
+    bool
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _main(argv: list[str], t_start: float) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(sys.argv[2:] if argv is None else argv)
+        args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage (or --help)
         return int(exc.code or 0)
 
@@ -283,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         step_ms=args.step_ms,
         max_prefill_tokens=args.max_prefill_tokens,
     )
-    with _progress_bar(len(requests)) as bar:
+    with progress_bar(len(requests), "req", "simulate") as bar:
         try:
             factory = reference_manager_factory if args.reference else None
             sim = Simulator(requests, config, factory, progress=bar.update)
@@ -292,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         result = sim.run()
 
-    summary = result.summary()
+    summary = result_fields(result, requests, config)
     setup = {
         "trace": str(trace_path),
         "limit": args.limit,
@@ -302,15 +300,17 @@ def main(argv: list[str] | None = None) -> int:
         "max_seq_len": config.max_seq_len,
         "step_ms": config.step_ms,
         "prefix_caching": config.prefix_caching,
+        "max_prefill_tokens": config.max_prefill_tokens,
         "manager": "reference" if args.reference else "BlockManager",
     }
     if args.plot is not None:
         try:
-            save_plot(
+            save_timeline(
                 result,
                 config.blocks,
                 args.plot,
-                f"{Path(trace_path).name}: {config.blocks:,} blocks of {config.block_size}",
+                timeline_title(Path(trace_path).name, config),
+                log_y=args.log_y,
             )
         except OSError as exc:
             print(f"kvnumba simulate: cannot write plot: {exc}", file=sys.stderr)
@@ -321,23 +321,27 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+    summary["wall_s"] = round(time.perf_counter() - t_start, 2)
     if args.json:
         print(json.dumps({"config": setup, "results": summary}, indent=2))
-    else:
-        header = [
-            (
-                "trace",
-                f"{Path(trace_path).name} ({len(requests):,} requests"
-                + (f", first {args.limit:,})" if args.limit else ")"),
-            ),
-            (
-                "pool",
-                f"{config.blocks:,} blocks x {config.block_size} tokens, max batch "
-                f"{config.max_batch}, step {config.step_ms:g} ms, prefix caching "
-                + ("on" if config.prefix_caching else "off"),
-            ),
-        ]
-        print(format_report(summary, header))
-        if args.plot is not None:
-            print(f"plot written to {args.plot}")
+        return 0
+    header = [
+        (
+            "trace",
+            f"{Path(trace_path).name} ({len(requests):,} requests"
+            + (f", first {args.limit:,})" if args.limit else ")"),
+        ),
+        (
+            "pool",
+            f"{config.blocks:,} blocks, block size {config.block_size} tokens, max batch "
+            f"{config.max_batch}, step {config.step_ms:g} ms, prefix caching "
+            + ("on" if config.prefix_caching else "off"),
+        ),
+    ]
+    print(format_report(summary, header))
+    hint = eviction_hint(summary, config.prefix_caching)
+    if hint:
+        print(hint)
+    if args.plot is not None:
+        print(f"plot written to {args.plot}")
     return 0

@@ -18,11 +18,17 @@ step_ms)``):
 Idle stretches (nothing running, nothing waiting) are skipped, not simulated. Only the calls
 that an engine would make on its critical path (``admit``, ``append``, ``release``) are timed;
 ``stats()``, used here for bookkeeping, is not.
+
+Prompt tokens are counted apart for first admissions and for recomputes (a preempted request
+re-admitted with its prompt plus what it had generated): a recompute mostly hits the blocks it
+released a moment before, which says nothing about prefix sharing between requests, so a hit
+rate that mixed both would rise as the pool shrinks.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -106,6 +112,9 @@ class SimResult:
     preempted_count: np.ndarray  # int64 per request
     admitted_tokens: int  # prompt tokens offered by successful admits (recomputes included)
     cached_tokens: int  # of which served from the prefix cache
+    first_admit_tokens: int  # prompt tokens of first admissions (each request at most once)
+    first_admit_cached: int  # of which served from the prefix cache
+    admit_order: np.ndarray  # request indices in the order of their first admission
     cow_copies: int
     evictions: int
     steps: np.ndarray = field(repr=False)
@@ -114,7 +123,23 @@ class SimResult:
     running: np.ndarray = field(repr=False)
     waiting: np.ndarray = field(repr=False)
     alloc_ns: np.ndarray = field(repr=False)
-    wall_s: float = 0.0
+    replay_s: float = 0.0
+    step_ms: float = DEFAULT_STEP_MS
+
+    @property
+    def time_s(self) -> np.ndarray:
+        """Trace time of each simulated step in seconds (float64, one per entry of :attr:`steps`)."""
+        return self.steps * (self.step_ms / 1000.0)
+
+    @property
+    def recompute_tokens(self) -> int:
+        """Tokens re-admitted after a preemption (prompt plus what had been generated)."""
+        return self.admitted_tokens - self.first_admit_tokens
+
+    @property
+    def recompute_cached(self) -> int:
+        """Of :attr:`recompute_tokens`, those served from the prefix cache."""
+        return self.cached_tokens - self.first_admit_cached
 
     @property
     def served(self) -> int:
@@ -128,11 +153,24 @@ class SimResult:
 
     @property
     def prefix_hit_rate(self) -> float:
-        """Admitted prompt tokens served from the prefix cache (recomputes included)."""
+        """Prompt tokens of first admissions served from the prefix cache (recomputes excluded)."""
+        if not self.first_admit_tokens:
+            return 0.0
+        return self.first_admit_cached / self.first_admit_tokens
+
+    @property
+    def prefix_hit_rate_incl_recompute(self) -> float:
+        """Admitted tokens served from the prefix cache, recomputes included (the old figure)."""
         return self.cached_tokens / self.admitted_tokens if self.admitted_tokens else 0.0
 
     def summary(self) -> dict:
-        """The headline numbers as a flat, JSON-ready dict."""
+        """The headline numbers as a flat, JSON-ready dict.
+
+        ``prefix_hit_rate`` counts first admissions only; ``recompute_tokens`` and
+        ``recompute_cached_tokens`` are the re-admissions of preempted requests, and
+        ``prefix_hit_rate_incl_recompute`` is the hit rate over both. ``replay_s`` is the
+        replay loop's wall time only.
+        """
         us = self.alloc_ns / 1000.0 if self.alloc_ns.size else np.zeros(1)
 
         def stat(a: np.ndarray, f) -> float:
@@ -142,9 +180,12 @@ class SimResult:
             "requests": self.requests,
             "served": self.served,
             "rejected": int(self.rejected.sum()),
-            "prefix_hit_rate_tokens": round(self.prefix_hit_rate, 4),
-            "admitted_prompt_tokens": self.admitted_tokens,
-            "cached_prompt_tokens": self.cached_tokens,
+            "prefix_hit_rate": round(self.prefix_hit_rate, 4),
+            "first_admit_prompt_tokens": self.first_admit_tokens,
+            "first_admit_cached_tokens": self.first_admit_cached,
+            "recompute_tokens": self.recompute_tokens,
+            "recompute_cached_tokens": self.recompute_cached,
+            "prefix_hit_rate_incl_recompute": round(self.prefix_hit_rate_incl_recompute, 4),
             "steps": int(self.steps.size),
             "peak_blocks_used": int(stat(self.used, np.max)),
             "mean_blocks_used": round(stat(self.used, np.mean), 1),
@@ -155,7 +196,7 @@ class SimResult:
             "cow_copies": self.cow_copies,
             "alloc_us_per_step_median": round(float(np.median(us)), 2),
             "alloc_us_per_step_mean": round(float(np.mean(us)), 2),
-            "wall_s": round(self.wall_s, 2),
+            "replay_s": round(self.replay_s, 2),
         }
 
 
@@ -191,7 +232,12 @@ class Simulator:
             raise ValueError("requests[i].index must equal i")
         self.config = config or SimConfig()
         cfg = self.config
-        if cfg.max_batch < 1 or cfg.block_size < 1 or cfg.blocks < 1 or cfg.step_ms <= 0:
+        if (
+            cfg.max_batch < 1
+            or cfg.block_size < 1
+            or cfg.blocks < 1
+            or not (math.isfinite(cfg.step_ms) and cfg.step_ms > 0)
+        ):
             raise ValueError(f"invalid simulation config {cfg}")
         factory = manager_factory or default_manager_factory
         _warm_up(factory, cfg.block_size)
@@ -230,6 +276,8 @@ class Simulator:
         never = (total > cfg.max_seq_len) | (-(-total // bs) > cfg.blocks)
 
         generated = np.zeros(n, np.int64)  # output tokens a queued request already produced
+        admitted_once = np.zeros(n, bool)
+        admit_order: list[int] = []
         served = np.zeros(n, np.int64)
         preempted = np.zeros(n, np.int64)
         rejected = np.zeros(n, bool)
@@ -243,7 +291,7 @@ class Simulator:
         r_left = np.zeros(0, np.int64)
 
         steps, used, cached, running, waiting, alloc = [], [], [], [], [], []
-        admitted_tokens = cached_tokens = cow = 0
+        admitted_tokens = cached_tokens = first_tokens = first_cached = cow = 0
         gate: tuple | None = None  # (window, available) of the last admit that left prompts out
         p, step = 0, 0
         ones = np.ones(cfg.max_batch, np.int64)
@@ -339,8 +387,14 @@ class Simulator:
                     ok = np.asarray(res.ok, bool)
                     win = np.asarray(window, np.int64)
                     adm = win[ok]
+                    hits = np.asarray(res.num_cached_tokens)
                     admitted_tokens += int(lengths[ok].sum())
-                    cached_tokens += int(np.asarray(res.num_cached_tokens)[ok].sum())
+                    cached_tokens += int(hits[ok].sum())
+                    first = ok & ~admitted_once[win]
+                    first_tokens += int(lengths[first].sum())
+                    first_cached += int(hits[first].sum())
+                    admit_order += win[first].tolist()  # in window order, as admit served them
+                    admitted_once[win[first]] = True
                     for _ in window:
                         queue.popleft()
                     queue.extendleft(reversed(win[~ok].tolist()))  # failed ones keep their place
@@ -376,6 +430,9 @@ class Simulator:
             preempted_count=preempted,
             admitted_tokens=admitted_tokens,
             cached_tokens=cached_tokens,
+            first_admit_tokens=first_tokens,
+            first_admit_cached=first_cached,
+            admit_order=np.asarray(admit_order, np.int64),
             cow_copies=max(cow, int(final.cow_copies)),
             evictions=int(final.evictions),
             steps=np.asarray(steps, np.int64),
@@ -384,7 +441,8 @@ class Simulator:
             running=np.asarray(running, np.int64),
             waiting=np.asarray(waiting, np.int64),
             alloc_ns=np.asarray(alloc, np.int64),
-            wall_s=time.perf_counter() - t_start,
+            replay_s=time.perf_counter() - t_start,
+            step_ms=cfg.step_ms,
         )
 
     def _window(self, queue: deque, slots: int, prompt: np.ndarray, generated: np.ndarray) -> list:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -131,6 +132,38 @@ def _bad(path: Path, lineno: int, why: str) -> ValueError:
     return ValueError(f"{path}: line {lineno}: {why}")
 
 
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def _text_lines(path: Path):
+    """Yield ``(lineno, line)`` for each line of a UTF-8 text file, without its line end.
+
+    The file is read as bytes and decoded one line at a time, so that a file that is not UTF-8
+    text (a binary file, another encoding) is reported with its name and the line where decoding
+    failed: a text-mode reader decodes whole chunks ahead of the line being parsed, and its
+    ``UnicodeDecodeError`` names neither. A UTF-8 byte-order mark (spreadsheet exports write
+    one) is dropped; ``\n``, ``\r\n`` and a lone ``\r`` all end a line (universal newlines).
+    """
+    lineno = 0
+    with path.open("rb") as fh:
+        for raw in fh:  # binary files split at b"\n" only; a lone \r is split below
+            try:
+                text = raw.decode("utf-8-sig" if lineno == 0 else "utf-8")
+            except UnicodeDecodeError as exc:
+                line = lineno + 1 + raw[: exc.start].count(b"\r")
+                raise _bad(
+                    path,
+                    line,
+                    f"not UTF-8 text (byte 0x{raw[exc.start]:02x}); is it a binary file?",
+                ) from None
+            parts = _LINE_END.split(text)
+            if parts[-1] == "":  # the chunk ended with a line end
+                parts.pop()
+            for part in parts:
+                lineno += 1
+                yield lineno, part
+
+
 def _int_field(obj: dict, key: str, lo: int, path: Path, lineno: int) -> int:
     value = obj.get(key)
     # bool is an int subclass; a JSON true is not a length.
@@ -146,7 +179,8 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
     ----------
     path : str or path-like
         One JSON object a line: ``timestamp`` (ms), ``input_length``, ``output_length``,
-        ``hash_ids`` (``ceil(input_length / 512)`` ints). Blank lines are ignored.
+        ``hash_ids`` (``ceil(input_length / 512)`` ints). Blank lines are ignored; a UTF-8
+        byte-order mark and CRLF line ends are accepted.
     limit : int, optional
         Stop after this many requests.
 
@@ -157,38 +191,37 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
     Raises
     ------
     ValueError
-        On the first malformed line, naming its (1-based) line number.
+        On the first malformed or undecodable line, naming the file and the (1-based) line.
     """
     path = Path(path)
     requests: list[Request] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if limit is not None and len(requests) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise _bad(path, lineno, f"invalid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise _bad(path, lineno, "expected a JSON object")
-            ts = _int_field(obj, "timestamp", 0, path, lineno)
-            n_in = _int_field(obj, "input_length", 1, path, lineno)
-            n_out = _int_field(obj, "output_length", 0, path, lineno)
-            ids = obj.get("hash_ids")
-            if not isinstance(ids, list) or not all(type(h) is int and h >= 0 for h in ids):
-                raise _bad(path, lineno, "'hash_ids' must be a list of integers >= 0")
-            if len(ids) != math.ceil(n_in / MOONCAKE_BLOCK):
-                raise _bad(
-                    path,
-                    lineno,
-                    f"{len(ids)} hash_ids for input_length {n_in} "
-                    f"(expected ceil({n_in}/{MOONCAKE_BLOCK}) = {math.ceil(n_in / MOONCAKE_BLOCK)})",
-                )
-            requests.append(
-                Request(len(requests), float(ts), n_in, n_out, np.asarray(ids, dtype=np.int64))
+    for lineno, line in _text_lines(path):
+        if limit is not None and len(requests) >= limit:
+            break
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise _bad(path, lineno, f"invalid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise _bad(path, lineno, "expected a JSON object")
+        ts = _int_field(obj, "timestamp", 0, path, lineno)
+        n_in = _int_field(obj, "input_length", 1, path, lineno)
+        n_out = _int_field(obj, "output_length", 0, path, lineno)
+        ids = obj.get("hash_ids")
+        if not isinstance(ids, list) or not all(type(h) is int and h >= 0 for h in ids):
+            raise _bad(path, lineno, "'hash_ids' must be a list of integers >= 0")
+        if len(ids) != math.ceil(n_in / MOONCAKE_BLOCK):
+            raise _bad(
+                path,
+                lineno,
+                f"{len(ids)} hash_ids for input_length {n_in} "
+                f"(expected ceil({n_in}/{MOONCAKE_BLOCK}) = {math.ceil(n_in / MOONCAKE_BLOCK)})",
             )
+        requests.append(
+            Request(len(requests), float(ts), n_in, n_out, np.asarray(ids, dtype=np.int64))
+        )
     return requests
 
 
@@ -206,6 +239,7 @@ def load_azure(path: str | Path, limit: int | None = None) -> list[Request]:
     path : str or path-like
         CSV with that exact header; timestamps are wall-clock and become milliseconds since
         the first row. Every request gets unique prompt content (the trace has no sharing).
+        A UTF-8 byte-order mark and CRLF line ends are accepted.
     limit : int, optional
         Stop after this many requests.
 
@@ -216,40 +250,39 @@ def load_azure(path: str | Path, limit: int | None = None) -> list[Request]:
     Raises
     ------
     ValueError
-        On a wrong header or the first malformed row, naming its (1-based) line number.
+        On a wrong header or the first malformed or undecodable row, naming the file and the
+        (1-based) line.
     """
     path = Path(path)
     requests: list[Request] = []
     t0: np.datetime64 | None = None
-    with path.open(encoding="utf-8", newline="") as fh:
-        header = fh.readline()
-        if [h.strip() for h in header.split(",")] != AZURE_HEADER:
+    lines = _text_lines(path)
+    _, header = next(lines, (1, ""))
+    if [h.strip() for h in header.split(",")] != AZURE_HEADER:
+        raise _bad(path, 1, f"expected header {','.join(AZURE_HEADER)!r}, got {header.strip()!r}")
+    for lineno, line in lines:
+        if limit is not None and len(requests) >= limit:
+            break
+        if not line.strip():
+            continue
+        parts = line.split(",")
+        if len(parts) != 3:
+            raise _bad(path, lineno, f"expected 3 comma-separated fields, got {len(parts)}")
+        try:
+            ts = _parse_azure_time(parts[0])
+            n_in, n_out = int(parts[1]), int(parts[2])
+        except ValueError as exc:
+            raise _bad(path, lineno, f"cannot parse {line.strip()!r} ({exc})") from None
+        if np.isnat(ts) or n_in < 1 or n_out < 0:
             raise _bad(
-                path, 1, f"expected header {','.join(AZURE_HEADER)!r}, got {header.strip()!r}"
+                path,
+                lineno,
+                f"need a timestamp, ContextTokens >= 1, GeneratedTokens >= 0: {line.strip()!r}",
             )
-        for lineno, line in enumerate(fh, start=2):
-            if limit is not None and len(requests) >= limit:
-                break
-            if not line.strip():
-                continue
-            parts = line.split(",")
-            if len(parts) != 3:
-                raise _bad(path, lineno, f"expected 3 comma-separated fields, got {len(parts)}")
-            try:
-                ts = _parse_azure_time(parts[0])
-                n_in, n_out = int(parts[1]), int(parts[2])
-            except ValueError as exc:
-                raise _bad(path, lineno, f"cannot parse {line.strip()!r} ({exc})") from None
-            if np.isnat(ts) or n_in < 1 or n_out < 0:
-                raise _bad(
-                    path,
-                    lineno,
-                    f"need a timestamp, ContextTokens >= 1, GeneratedTokens >= 0: {line.strip()!r}",
-                )
-            if t0 is None:
-                t0 = ts
-            arrival_ms = (ts - t0) / np.timedelta64(1, "us") / 1000.0
-            requests.append(Request(len(requests), float(arrival_ms), n_in, n_out))
+        if t0 is None:
+            t0 = ts
+        arrival_ms = (ts - t0) / np.timedelta64(1, "us") / 1000.0
+        requests.append(Request(len(requests), float(arrival_ms), n_in, n_out))
     return requests
 
 

@@ -1,0 +1,313 @@
+"""What a simulation reports: the result row, the ideal hit rate beside it, the hint, the plots.
+
+Shared by ``kvnumba simulate`` (one run) and ``kvnumba sweep`` (one row per run), so that a
+sweep row has exactly the fields of ``kvnumba simulate --json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvnumba.sim.ideal import BlockKeys, block_keys, ideal_prefix_hits
+from kvnumba.sim.scheduler import SimConfig, SimResult
+from kvnumba.sim.traces import Request
+
+#: A gap to the ideal hit rate smaller than this (absolute) gets no hint.
+HINT_MIN_GAP = 0.01
+
+
+def ideal_fields(
+    result: SimResult,
+    requests: Sequence[Request],
+    config: SimConfig,
+    keys: BlockKeys | None = None,
+) -> dict:
+    """The ideal hit rate of the trace and of this run's own admissions.
+
+    Parameters
+    ----------
+    result : SimResult
+        The run.
+    requests : sequence of Request
+        The requests it replayed.
+    config : SimConfig
+        Its configuration (block size, ``max_seq_len``, prefix caching).
+    keys : BlockKeys, optional
+        :func:`kvnumba.sim.ideal.block_keys` of ``requests`` at ``config.block_size``, when the
+        caller already has them (a sweep reuses them across pool sizes).
+
+    Returns
+    -------
+    dict
+        ``ideal_prefix_hit_rate``: an unbounded pool admitting every request that fits
+        ``max_seq_len`` in arrival order; ``prefix_hit_rate_if_no_evictions``: the same
+        admissions as this run, in its order, had nothing been evicted, so that its difference
+        from ``prefix_hit_rate`` is exactly the hits evictions cost. Both ``None`` for a trace
+        without ``hash_ids``; the second also ``None`` without prefix caching.
+    """
+    if keys is None:
+        keys = block_keys(requests, config.block_size)
+    if keys is None:
+        return {"ideal_prefix_hit_rate": None, "prefix_hit_rate_if_no_evictions": None}
+    arrival = [r.arrival_ms for r in requests]
+    order = sorted(range(len(requests)), key=arrival.__getitem__)  # stable, like the queue
+    fits = [
+        i for i in order if requests[i].prompt_len + requests[i].output_len <= config.max_seq_len
+    ]
+    ideal = ideal_prefix_hits(keys, fits).rate
+    same = ideal_prefix_hits(keys, result.admit_order).rate if config.prefix_caching else None
+    return {
+        "ideal_prefix_hit_rate": round(ideal, 4),
+        "prefix_hit_rate_if_no_evictions": None if same is None else round(same, 4),
+    }
+
+
+def result_fields(
+    result: SimResult,
+    requests: Sequence[Request],
+    config: SimConfig,
+    keys: BlockKeys | None = None,
+) -> dict:
+    """The ``results`` of ``kvnumba simulate --json``, without the command's wall time.
+
+    Parameters
+    ----------
+    result, requests, config, keys
+        As for :func:`ideal_fields`.
+
+    Returns
+    -------
+    dict
+        :meth:`SimResult.summary` with the :func:`ideal_fields` after the hit rates.
+    """
+    summary = result.summary()
+    out = {}
+    for name, value in summary.items():
+        out[name] = value
+        if name == "prefix_hit_rate_incl_recompute":
+            out.update(ideal_fields(result, requests, config, keys))
+    return out
+
+
+def eviction_hint(results: dict, prefix_caching: bool = True) -> str | None:
+    """One line telling the user that evictions cost most of the gap to the ideal hit rate.
+
+    Parameters
+    ----------
+    results : dict
+        :func:`result_fields` of a run.
+    prefix_caching : bool
+        Whether the run cached prefixes (without, there is nothing to hint).
+
+    Returns
+    -------
+    str or None
+        The hint, or ``None`` when the gap is small, not mostly evictions, or unknown.
+    """
+    ideal = results.get("ideal_prefix_hit_rate")
+    same = results.get("prefix_hit_rate_if_no_evictions")
+    if not prefix_caching or ideal is None or same is None:
+        return None
+    sim = results["prefix_hit_rate"]
+    gap, lost = ideal - sim, same - sim
+    if gap < HINT_MIN_GAP or lost < 0.5 * gap:
+        return None
+    return (
+        f"hint: evictions cost {lost * 100:.1f} of the {gap * 100:.1f} points between the "
+        f"simulated and the ideal hit rate: the pool is too small to keep the shared prefixes "
+        "cached (try a larger --blocks)"
+    )
+
+
+def save_timeline(
+    result: SimResult,
+    num_blocks: int,
+    path: str | Path | None,
+    title: str,
+    log_y: bool = False,
+):
+    """Plot blocks used and cached against trace time (Agg backend, no display needed).
+
+    Parameters
+    ----------
+    result : SimResult
+        The run to plot.
+    num_blocks : int
+        Pool size, drawn as a dashed line.
+    path : str or pathlib.Path or None
+        Output ``.png`` file; ``None`` returns the figure without saving it.
+    title : str
+        Figure title.
+    log_y : bool
+        Logarithmic block axis, so that a few used blocks stay visible under a huge pool.
+
+    Returns
+    -------
+    matplotlib.figure.Figure or None
+        The figure when ``path`` is ``None``, else ``None``.
+    """
+    # The object-oriented API, without pyplot: no backend to choose, no global figure state
+    # to clean up, and the figure displays in a notebook all the same.
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), dpi=110)
+    ax = fig.subplots()
+    t = result.time_s
+    ax.stackplot(
+        t,
+        result.used,
+        result.cached,
+        labels=["used (referenced)", "cached (reusable)"],
+        colors=["tab:blue", "tab:orange"],
+        alpha=0.8,
+        step="post",
+    )
+    ax.axhline(num_blocks, color="k", lw=0.8, ls="--", label="pool size")
+    if log_y:
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=0.8, top=num_blocks * 1.5)
+    ax.set_xlabel("trace time (s)")
+    ax.set_ylabel("blocks" + (" (log scale)" if log_y else ""))
+    ax.set_title(title)
+    # Outside the axes, so that it never hides data.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    if path is None:
+        return fig
+    fig.savefig(path, bbox_inches="tight")
+    return None
+
+
+def timeline_title(trace_name: str, config: SimConfig) -> str:
+    """The title of :func:`save_timeline` for a run: trace, pool and block size with units."""
+    return (
+        f"{trace_name}: {config.blocks:,} blocks, block size {config.block_size} tokens, "
+        f"prefix caching {'on' if config.prefix_caching else 'off'}"
+    )
+
+
+#: Grid dimensions other than the pool size; a plot draws one line per combination.
+SERIES_COLUMNS = ("block_size", "prefix_caching", "max_batch", "step_ms", "limit")
+_SERIES_LABELS = {
+    "block_size": lambda v: f"block size {v} tokens",
+    "prefix_caching": lambda v: f"prefix caching {'on' if v else 'off'}",
+    "max_batch": lambda v: f"max batch {v}",
+    "step_ms": lambda v: f"step {v:g} ms",
+    "limit": lambda v: "all requests" if v is None else f"first {v:,} requests",
+}
+
+
+def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
+    """Hit rate, preemptions and peak blocks used against pool size, one row of plots a trace.
+
+    Parameters
+    ----------
+    rows : sequence of dict
+        Sweep rows (:func:`kvnumba.sim.sweep`, or ``results.jsonl`` read back).
+    path : str or pathlib.Path, optional
+        Output ``.png``; ``None`` returns the figure (it displays in a notebook).
+
+    Returns
+    -------
+    matplotlib.figure.Figure or None
+        The figure when ``path`` is ``None``.
+
+    Notes
+    -----
+    The hit rate is that of first admissions; the trace's ideal hit rate (unbounded pool, same
+    block size) is the dashed horizontal line it cannot exceed. One line per combination of the
+    other grid dimensions, labelled by the dimensions that vary.
+    """
+    from matplotlib.figure import Figure
+
+    if not rows:
+        raise ValueError("no rows to plot")
+    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    fig = Figure(figsize=(15, 3.8 * len(traces)), dpi=100)
+    axes = fig.subplots(len(traces), 3, squeeze=False)
+    colors = [f"C{i}" for i in range(10)]
+    for ax_row, trace in zip(axes, traces, strict=True):
+        mine = [r for r in rows if r["trace"] == trace]
+        varying = [c for c in SERIES_COLUMNS if len({r.get(c) for r in mine}) > 1]
+        series: dict[tuple, list[dict]] = {}
+        for r in mine:
+            series.setdefault(tuple(r.get(c) for c in varying), []).append(r)
+        hit, pre, peak = ax_row
+        rejected_marked = False
+        for i, (values, group) in enumerate(series.items()):
+            group = sorted(group, key=lambda r: r["blocks"])
+            x = [r["blocks"] for r in group]
+            label = ", ".join(_SERIES_LABELS[c](v) for c, v in zip(varying, values, strict=True))
+            style = {"color": colors[i % 10], "marker": "o", "label": label or "simulated"}
+            hit.plot(x, [100 * r["prefix_hit_rate"] for r in group], **style)
+            pre.plot(x, [r["preemptions"] for r in group], **style)
+            peak.plot(x, [r["peak_blocks_used"] for r in group], **style)
+            # A pool smaller than some requests rejects them: such a point replays fewer
+            # requests than the others (and than the ideal line), so it is marked.
+            short = [r for r in group if r["rejected"]]
+            if short:
+                hit.scatter(
+                    [r["blocks"] for r in short],
+                    [100 * r["prefix_hit_rate"] for r in short],
+                    marker="x",
+                    s=80,
+                    color="k",
+                    zorder=3,
+                    label="_rejected" if rejected_marked else "requests rejected (pool too small)",
+                )
+                rejected_marked = True
+        ideals = {}
+        for r in mine:
+            if r.get("ideal_prefix_hit_rate") is not None:
+                ideals[r["block_size"]] = r["ideal_prefix_hit_rate"]
+        for j, (bs, ideal) in enumerate(sorted(ideals.items())):
+            hit.axhline(
+                100 * ideal,
+                color="k",
+                lw=1,
+                ls=("--", ":", "-.")[j % 3],
+                label=f"ideal (unbounded pool), block size {bs} tokens",
+            )
+        if not ideals:
+            hit.text(
+                0.02,
+                0.97,
+                "no ideal line: the trace has no hash_ids",
+                transform=hit.transAxes,
+                va="top",
+                fontsize="small",
+            )
+        top = max([100 * r["prefix_hit_rate"] for r in mine] + [100 * v for v in ideals.values()])
+        hit.set_ylim(0, max(1.0, 1.1 * top))
+        pools = sorted({r["blocks"] for r in mine})
+        peak.plot(pools, pools, color="0.5", lw=0.8, ls="--", label="pool size (all used)")
+        name = Path(str(trace)).name
+        hit.set(ylabel="prefix hit rate, first admissions (%)", title=f"{name}: hit rate")
+        pre.set(ylabel="preemptions", title=f"{name}: preemptions")
+        pre.set_yscale("symlog", linthresh=1)
+        pre.set_ylim(bottom=0)
+        peak.set(ylabel="peak blocks used", title=f"{name}: peak blocks used")
+        wide = pools[-1] >= 10 * pools[0]
+        for ax in ax_row:
+            ax.set_xlabel("pool size (blocks)")
+            if wide:
+                ax.set_xscale("log")
+            ax.grid(alpha=0.3, which="both")
+        if wide:  # else the pool-size diagonal flattens every curve against the axis
+            peak.set_yscale("log")
+        # One legend per trace, outside the plots so that it never covers a curve.
+        handles, labels = hit.get_legend_handles_labels()
+        h2, l2 = peak.get_legend_handles_labels()
+        peak.legend(
+            handles + h2[-1:],
+            labels + l2[-1:],
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1.0),
+            borderaxespad=0.0,
+            fontsize="small",
+        )
+    fig.tight_layout()
+    if path is None:
+        return fig
+    fig.savefig(path, bbox_inches="tight")
+    return None
