@@ -151,7 +151,7 @@ def append_tokens(
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
+def validate_growth(v, ids, counts, tokens_in, has_tokens, slots):
     """Check an append request, writing each id's slot; returns (status, bad index, tokens).
 
     The token count is meaningful only with ``has_tokens``.
@@ -159,7 +159,6 @@ def validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch):
     Whole-array checks come first (counts, token ids), then each id in input order (unknown or
     released, duplicate, too long), the same order as the reference model.
     """
-    v = views_inline(arena, scratch, scratch)
     if counts.shape[0] != ids.shape[0]:
         return ST_TOKEN_MISMATCH, -1, 0
     # The sum is compared with len(tokens) without ever exceeding it, so it cannot wrap.
@@ -223,10 +222,14 @@ def total_need(v, slots, counts, dropped):
 
 
 @njit(cache=True, _nrt=False)
-def append_need(slots, counts, dropped, arena, scratch, pool):
-    """Blocks an atomic append of the validated ``slots`` takes, and what is available now."""
+def append_need(ids, counts, slots, dropped, arena, scratch, pool):
+    """``can_append``: validate like ``append``, then the blocks an atomic append takes and
+    what is available now; returns (status, bad index, needed, available)."""
     v = views(arena, scratch, pool)
-    return total_need(v, slots, counts, dropped), free_now(v) + v.meta[M_CACHED]
+    status, bad, _ = validate_growth(v, ids, counts, ids[:0], False, slots)
+    if status != ST_OK:
+        return status, bad, 0, 0
+    return ST_OK, -1, total_need(v, slots, counts, dropped), free_now(v) + v.meta[M_CACHED]
 
 
 @njit(cache=True, _nrt=False)
@@ -240,10 +243,10 @@ def run_append(
     ``slot_mapping`` is written (-1 for a sequence that did not fit); ``cow_src`` doubles as the
     record of simulated refcount drops before it receives the copy pairs.
     """
-    status, bad, _ = validate_growth(ids, counts, tokens_in, has_tokens, slots, arena, scratch)
+    v = views_inline(arena, scratch, pool)
+    status, bad, _ = validate_growth(v, ids, counts, tokens_in, has_tokens, slots)
     if status != ST_OK:
         return status, bad, 0, 0, 0
-    v = views_inline(arena, scratch, pool)
     meta, scr = v.meta, v.scr
     block_size = v.tokens.shape[1]
     free = free_now(v)

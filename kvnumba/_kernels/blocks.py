@@ -138,7 +138,7 @@ def drop_ref(v, b):
             v.tokens[b, :] = -1
             set_logged(v, v.block_flags, FIELD.block_flags, b, 0)
         if meta[M_PAGE_K] != 0:
-            return_to_page(v, b, cached)
+            return_to_page(v, np.int64(b), cached)
         elif not cached:
             top = meta[M_FREE_TOP]
             v.free_stack[top] = b

@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from kvnumba._kernels.admit import run_admit, validate_admit
-from kvnumba._kernels.append import append_need, run_append, validate_growth
+from kvnumba._kernels.append import append_need, run_append
 from kvnumba._kernels.check import check
 from kvnumba._kernels.sequences import (
     fill_lens,
@@ -84,13 +84,8 @@ def k_append_paged(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, aren
 @njit(cache=True, inline="always")
 def _append_need(ids, counts, arena, scratch, pool):
     slots = np.empty(ids.shape[0], dtype=np.int64)
-    no_tokens = np.empty(0, dtype=np.int64)
-    status, bad, _ = validate_growth(ids, counts, no_tokens, False, slots, arena, scratch)
-    if status != ST_OK:
-        return status, bad, 0, 0
     dropped = np.empty(ids.shape[0], dtype=np.int32)
-    need, available = append_need(slots, counts, dropped, arena, scratch, pool)
-    return ST_OK, -1, need, available
+    return append_need(ids, counts, slots, dropped, arena, scratch, pool)
 
 
 @njit(cache=True)
@@ -151,7 +146,7 @@ def k_fork(ids, n, arena, scratch):
     """``fork``: returns (status, bad, children)."""
     slots = np.empty(ids.shape[0], dtype=np.int64)
     children = np.empty((ids.shape[0], n), dtype=np.int64)
-    status, bad = resolve_ids(ids, False, slots, arena, scratch)
+    status, bad = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
     if status != ST_OK:
         return status, bad, children
     return run_fork(slots, children, arena, scratch), -1, children
@@ -160,7 +155,7 @@ def k_fork(ids, n, arena, scratch):
 @njit(cache=True, inline="always")
 def _release(ids, arena, scratch, pool):
     slots = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad = resolve_ids(ids, True, slots, arena, scratch)
+    status, bad = resolve_ids(ids, np.bool_(True), slots, arena, scratch)
     if status == ST_OK:
         run_release(slots, arena, scratch, pool)
     return status, bad
@@ -200,7 +195,7 @@ def k_rollback_give_up(arena, scratch, pool):
 def k_block_tables(ids, arena, scratch):
     """``block_tables``: returns (status, bad, int32 tables padded with -1)."""
     slots = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad = resolve_ids(ids, False, slots, arena, scratch)
+    status, bad = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
     if status != ST_OK:
         return status, bad, np.empty((0, 0), dtype=np.int32)
     out = np.full((ids.shape[0], table_width(slots, arena, scratch)), -1, dtype=np.int32)
@@ -213,7 +208,7 @@ def k_seq_lens(ids, arena, scratch):
     """``seq_lens``: returns (status, bad, int64 lengths)."""
     slots = np.empty(ids.shape[0], dtype=np.int64)
     out = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad = resolve_ids(ids, False, slots, arena, scratch)
+    status, bad = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
     if status == ST_OK:
         fill_lens(slots, out, arena, scratch)
     return status, bad, out

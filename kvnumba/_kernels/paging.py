@@ -13,6 +13,7 @@ byte for byte as well. These helpers run once per page or per block taken from o
 a page, inside the out-of-line helpers of :mod:`.blocks` and :mod:`.trim`.
 """
 
+import numpy as np
 from numba import njit
 
 from kvnumba._kernels.links import bucket_push, bucket_unlink, cache_only_push, cache_only_unlink
@@ -80,9 +81,9 @@ def take_from_pages(v):
         c += 1
     meta[M_BUCKET_MIN] = c
     if c < k:
-        page = v.buckets[c]
+        page = np.int64(v.buckets[c])  # one compiled helper signature: int64 page ids
         bucket_unlink(v, page, c)
-        b = v.page_head[page]
+        b = np.int64(v.page_head[page])
         set_logged(v, v.page_head, FIELD.page_head, page, v.block_next[b])
         set_logged(v, v.page_free, FIELD.page_free, page, c - 1)
         if c > 1:
@@ -94,7 +95,7 @@ def take_from_pages(v):
     top = meta[M_VTOP]
     if top == 0 or head[H_FREE_TOP] == 0:
         return NIL
-    page = v.vstack[top - 1]
+    page = np.int64(v.vstack[top - 1])
     meta[M_VTOP] = top - 1
     phys = pool_take(head, free, owner, meta[M_CLIENT : M_CLIENT + 3], page)
     log_write(v, U_POOL_TAKE, phys, 0)
@@ -126,7 +127,7 @@ def unmap_page(v, page):
     """Give ``page`` (no referenced and no cached block left) back to the pool."""
     meta = v.meta
     k = meta[M_PAGE_K]
-    c = v.page_free[page]
+    c = np.int64(v.page_free[page])
     if 0 < c < k:
         bucket_unlink(v, page, c)
     phys = v.page_phys[page]
@@ -162,7 +163,7 @@ def free_in_page(v, b):
     page = b // k
     used = v.page_used[page] - 1
     set_logged(v, v.page_used, FIELD.page_used, page, used)
-    c = v.page_free[page]
+    c = np.int64(v.page_free[page])
     if c > 0:
         bucket_unlink(v, page, c)
     c += 1

@@ -4,6 +4,7 @@ A sequence id is ``generation << 32 | slot``; the slot's generation grows every 
 handed out, so ids are never reused and a stale id is told apart from an unknown one.
 """
 
+import numpy as np
 from numba import njit
 
 from kvnumba._kernels.blocks import drop_ref
@@ -45,7 +46,7 @@ def open_slot(v, salt):
     """Take a free slot for a new empty sequence; returns (slot, id)."""
     meta = v.meta
     top = meta[M_SLOT_TOP] - 1
-    slot = v.slot_stack[top]
+    slot = np.int64(v.slot_stack[top])  # int64 like the slots of ids: one compiled callee
     meta[M_SLOT_TOP] = top
     log_write(v, FIELD.seq_gen, slot, v.seq_gen[slot])
     log_write(v, FIELD.seq_live, slot, v.seq_live[slot])
