@@ -108,3 +108,28 @@ def compile_all(names=None, progress=None) -> dict[str, float]:
         if progress is not None:
             progress(name, spent[name])
     return spent
+
+
+#: The kernels of a manager without a page pool (what the simulator and the benchmarks use).
+PLAIN = tuple(name for name in SIGNATURES if name not in PAGED)
+
+
+def prepare(names=PLAIN, stream=None) -> None:
+    """Load ``names`` before a command starts its work, saying so on ``stream`` if they must be
+    compiled first (a cold cache), so that no progress bar freezes on a compile.
+    """
+    global _announced
+    missing = [name for name in names if not is_cached(name)]
+    if missing and stream is not None:
+        _announced = True  # said here, not again through logging
+        print(
+            f"kvnumba: compiling {len(missing)} kernels for this machine (first run only, "
+            "about a minute of CPU; `kvnumba compile` does it ahead of time) ...",
+            file=stream,
+            flush=True,
+        )
+        start = time.process_time()
+        compile_all(names)
+        print(f"kvnumba: compiled in {time.process_time() - start:.0f} s of CPU", file=stream)
+    else:
+        compile_all(names)
