@@ -36,10 +36,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     command, rest = args[0], args[1:]
     try:
-        if command in ("simulate", "sweep", "bench") and not {"-h", "--help"} & set(rest):
-            from kvnumba._dispatch import prepare
-
-            prepare(stream=sys.stderr)  # before any progress bar
         if command == "simulate":
             from kvnumba.sim.cli import main as simulate_main
 

@@ -205,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     from kvnumba.reference import ReferenceBlockManager
 
     fast_cls = _load_impl(args.impl)
+    if args.impl == "kvnumba":
+        from kvnumba._dispatch import prepare
+
+        prepare(stream=sys.stderr)  # says so if it must compile, before any timing
     rows = {}
     for name in names:
         wl = available[name]()

@@ -281,6 +281,10 @@ def _main(argv: list[str], t_start: float) -> int:
         step_ms=args.step_ms,
         max_prefill_tokens=args.max_prefill_tokens,
     )
+    if not args.reference:
+        from kvnumba._dispatch import prepare
+
+        prepare(stream=sys.stderr)  # says so if it must compile, before the progress bar
     with progress_bar(len(requests), "req", "simulate") as bar:
         try:
             factory = reference_manager_factory if args.reference else None

@@ -320,9 +320,9 @@ def warm_kernels() -> None:
     Called in the client before a sweep submits any task, so that workers sharing the cache
     directory load the kernels instead of each compiling them at once on a busy machine.
     """
-    from kvnumba._dispatch import compile_all
+    from kvnumba._dispatch import SIGNATURES, prepare
 
-    compile_all()
+    prepare(tuple(SIGNATURES), stream=sys.stderr)  # says so on stderr if it must compile
 
 
 # Per worker process: the first task that needs a trace (or its block keys) parses it, the
