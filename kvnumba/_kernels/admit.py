@@ -1,8 +1,9 @@
 """Admitting prompts: longest cached prefix first, then the rest appended like ``append``."""
 
+import numpy as np
 from numba import njit
 
-from kvnumba._kernels.append import append_tokens
+from kvnumba._kernels.append import append_general
 from kvnumba._kernels.blocks import claim_cached
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.paging import free_now
@@ -113,7 +114,7 @@ def validate_admit(tokens_in, lengths, salts, arena, scratch):
 @njit(cache=True, _nrt=False)
 def run_admit(
     tokens_in, lengths, salts, atomic, bound, ids, num_cached_tokens, slot_mapping, ok, hits,
-    arena, scratch, pool,
+    no_pairs, arena, scratch, pool,
 ):  # fmt: skip
     """Admit validated prompts; returns (status, failing prompt, needed, available, slots used).
 
@@ -153,9 +154,9 @@ def run_admit(
     scr[S_FAILED] = 0
     scr[S_MAP_N] = 0
     scr[S_UNMAP_N] = 0
-    out = 0
-    start = 0
-    needed = 0
+    out = np.int64(0)  # not literals: see run_append
+    start = np.int64(0)
+    needed = np.int64(0)
     for p in range(num_prompts):
         length = lengths[p]
         salt = salts[p]
@@ -207,11 +208,12 @@ def run_admit(
         if meta[M_PREFIX_CACHING] != 0:
             meta[M_PREFIX_QUERIES] += (length - 1) // block_size
             meta[M_PREFIX_HITS] += num_hits
-        # ``hits`` stands in for the copy-on-write pairs, never written: a fresh sequence's
-        # tail is full or empty.
-        append_tokens(
-            v, slot, length - cached, tokens_in, start + cached, True, slot_mapping, out, hits,
-            hits, 0,
+        # Prompts always come with token ids (np.bool_: the same compiled append_general as
+        # append's, not a copy specialised on a constant). A fresh sequence's tail is full or
+        # empty, so the copy-on-write pairs (``no_pairs``, empty) are never written.
+        append_general(
+            arena, scratch, pool, slot, length - cached, tokens_in, start + cached, np.bool_(True),
+            slot_mapping, out, no_pairs, no_pairs, np.int64(0),
         )  # fmt: skip
         num_cached_tokens[p] = cached
         ok[p] = True

@@ -1,5 +1,6 @@
 """Growing sequences: partial-tail filling, copy-on-write of a shared partial tail, new blocks."""
 
+import numpy as np
 from numba import njit
 
 from kvnumba._kernels.blocks import register_full_block, take_block
@@ -150,6 +151,64 @@ def append_tokens(
     return num_cow
 
 
+@njit(cache=True, _nrt=False)
+def append_general(
+    arena, scratch, pool, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset,
+    cow_src, cow_dst, num_cow,
+):  # fmt: skip
+    """:func:`append_tokens`, compiled once and shared by ``append`` and ``admit``: every
+    case (several blocks, copy-on-write, registration, eviction, pages, the undo log)."""
+    v = views_inline(arena, scratch, pool)
+    return append_tokens(
+        v, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset, cow_src, cow_dst,
+        num_cow,
+    )  # fmt: skip
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def append_in_block(v, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset):
+    """The common case of a decode step, inline: all ``count`` tokens go into the sequence's
+    unshared tail block, or into one block off the free stack. Returns False, having changed
+    nothing, for anything else (several blocks, a shared tail, a block completed with token
+    ids, which registers it, an empty free stack or a logged call): :func:`append_general`
+    does those, with the same outcome.
+    """
+    meta = v.meta
+    block_size = v.tokens.shape[1]
+    length = v.seq_len[slot]
+    fill = mod_block(length, block_size)
+    if count == 0 or fill + count > block_size or v.scr[S_LOG_ON] != 0:
+        return count == 0
+    if has_tokens and fill + count == block_size:
+        return False
+    pos = div_block(length, block_size)
+    if fill == 0:
+        top = meta[M_FREE_TOP]
+        if top == 0:
+            return False
+        b = v.free_stack[top - 1]
+        meta[M_FREE_TOP] = top - 1
+        v.ref[b] = 1
+        v.block_flags[b] = F_KNOWN if has_tokens else 0
+        meta[M_USED] += 1
+        meta[M_ALLOCATIONS] += 1
+        v.seq_table[slot, pos] = b
+    else:
+        b = v.seq_table[slot, pos]
+        if v.ref[b] > 1:
+            return False
+        if not has_tokens and v.block_flags[b] & F_KNOWN:
+            v.block_flags[b] = v.block_flags[b] ^ F_KNOWN
+    first_slot = b * block_size + fill
+    for j in range(count):
+        slot_mapping[out_offset + j] = first_slot + j
+    if has_tokens:
+        for j in range(count):
+            v.tokens[b, fill + j] = src[src_offset + j]
+    v.seq_len[slot] = length + count
+    return True
+
+
 @njit(cache=True, _nrt=False, inline="always")
 def validate_growth(v, ids, counts, tokens_in, has_tokens, slots):
     """Check an append request, writing each id's slot; returns (status, bad index, tokens).
@@ -266,13 +325,15 @@ def run_append(
     evictions = min(needed, available) - free
     if evictions > v.ev_ids.shape[0] or (scr[S_EV_PAYLOAD] != 0 and evictions > v.ev_tok.shape[0]):
         return ST_NEED_BUFFERS, -1, evictions, available, 0
-    num_cow = 0
+    # np.int64, not 0: numba would first type the calls below with the literal 0 and compile
+    # the callee a second time for it.
+    num_cow = np.int64(0)
     scr[S_EV_N] = 0
     scr[S_FAILED] = 0
     scr[S_MAP_N] = 0
     scr[S_UNMAP_N] = 0
     remaining = available
-    offset = 0
+    offset = np.int64(0)
     for i in range(slots.shape[0]):
         # An atomic call already knows that everything fits; otherwise each sequence's need is
         # exact when taken just before it is served.
@@ -280,10 +341,13 @@ def run_append(
         if not atomic:
             need = blocks_needed(slots[i], counts[i], v.ref, block_size, v.seq_table, v.seq_len)
         if need <= remaining:
-            num_cow = append_tokens(
-                v, slots[i], counts[i], tokens_in, offset, has_tokens, slot_mapping, offset,
-                cow_src, cow_dst, num_cow,
-            )  # fmt: skip
+            if not append_in_block(
+                v, slots[i], counts[i], tokens_in, offset, has_tokens, slot_mapping, offset
+            ):
+                num_cow = append_general(
+                    arena, scratch, pool, slots[i], counts[i], tokens_in, offset, has_tokens,
+                    slot_mapping, offset, cow_src, cow_dst, num_cow,
+                )  # fmt: skip
             remaining -= need
             ok[i] = True
         else:

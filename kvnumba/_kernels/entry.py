@@ -122,6 +122,7 @@ def _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool):
         slot_mapping,
         ok,
         hits,
+        np.empty(0, dtype=np.int32),  # no copy-on-write pairs in an admit
         arena,
         scratch,
         pool,
