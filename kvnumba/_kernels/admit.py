@@ -11,7 +11,7 @@ from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_pur
 from kvnumba._kernels.rollback import rollback
 from kvnumba._kernels.sequences import open_slot
 from kvnumba._kernels.undo import log_write, undo_log_rows_kernel
-from kvnumba._kernels.views import views, views_inline
+from kvnumba._kernels.views import views
 from kvnumba._state import (
     FIELD,
     M_CACHED,
@@ -44,13 +44,13 @@ from kvnumba.errors import (
 
 
 @njit(cache=True, _nrt=False)
-def lookup_prefix(prompt, salt, hits, arena, scratch):
+def lookup_prefix(v, prompt, salt, hits):
     """Registered blocks matching the prompt's leading full blocks, in order, into ``hits``.
 
     At most ``(len(prompt) - 1) // block_size`` blocks are looked up (the last prompt token is
     always computed); the walk stops at the first miss. Returns (hits, hits at refcount 0).
+    Once per prompt, out of line.
     """
-    v = views_inline(arena, scratch, scratch)
     if v.meta[M_PREFIX_CACHING] == 0:
         return 0, 0
     block_size = v.tokens.shape[1]
@@ -161,7 +161,7 @@ def run_admit(
         length = lengths[p]
         salt = salts[p]
         prompt = tokens_in[start : start + length]
-        num_hits, cached_hits = lookup_prefix(prompt, salt, hits, arena, scratch)
+        num_hits, cached_hits = lookup_prefix(v, prompt, salt, hits)
         need = blocks_of(length, block_size) - num_hits
         if need > free_now(v) + meta[M_CACHED] - cached_hits:
             if not atomic:
@@ -178,7 +178,7 @@ def run_admit(
             later = start + length
             for q in range(p + 1, num_prompts):
                 q_prompt = tokens_in[later : later + lengths[q]]
-                q_hits, _ = lookup_prefix(q_prompt, salts[q], hits, arena, scratch)
+                q_hits, _ = lookup_prefix(v, q_prompt, salts[q], hits)
                 needed += blocks_of(lengths[q], block_size) - q_hits
                 short += blocks_of(lengths[q], block_size) - q_hits
                 later += lengths[q]
