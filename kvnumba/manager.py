@@ -18,7 +18,7 @@ from kvnumba._inputs import index_array, positive_int
 from kvnumba._kernels.check import MESSAGES
 from kvnumba._kernels.sequences import SLOT_BITS, SLOT_MASK
 from kvnumba._kernels.undo import undo_log_rows
-from kvnumba._paged import PagedCalls
+from kvnumba._paged import PagedCalls, deliver_all
 from kvnumba._state import (
     M_ALLOCATIONS,
     M_CACHED,
@@ -309,7 +309,8 @@ class BlockManager(PagedCalls):
         InvalidSequence, SequenceReleased, SequenceTooLong
             For a bad id or a sequence that would exceed ``max_seq_len``.
         ValueError, TypeError
-            For malformed input. Nothing is changed by any failed call.
+            For malformed input. Nothing is changed by any failed call.        CallbackError
+            If a callback raised after the call committed; ``.result`` is the result.
         """
         # The hot path: int64 vectors are passed through without a call (see index_array).
         if not (type(ids) is np.ndarray and ids.dtype == _INT64 and ids.flags.c_contiguous):
@@ -344,9 +345,10 @@ class BlockManager(PagedCalls):
         # method call alone is a few percent of a one-sequence append.
         if atomic is not True and self._scr[S_FAILED]:
             self._failed_calls += 1
+        out = _new_append_result(result[4:])
         if self._on_evict is not None:
-            self._deliver_evictions()
-        return _new_append_result(result[4:])
+            deliver_all((self._deliver_evictions,), out)
+        return out
 
     def admit(self, tokens, lengths, *, salts=None, atomic: bool = True) -> AdmitResult:
         """Create one sequence per prompt, reusing the longest cached prefix of each.
@@ -373,7 +375,8 @@ class BlockManager(PagedCalls):
         PoolExhausted
             Atomic mode, when the prompts do not fit.
         SequenceTooLong, TooManySequences, ValueError, TypeError
-            For input that can never be served. Nothing is changed by any failed call.
+            For input that can never be served. Nothing is changed by any failed call.        CallbackError
+            If a callback raised after the call committed; ``.result`` is the result.
         """
         tokens_in = index_array(tokens, "tokens")
         lengths = index_array(lengths, "lengths")
@@ -403,8 +406,9 @@ class BlockManager(PagedCalls):
                 needed=result[2],
                 available=result[3],
             )
-        self._after_call()
-        return _new_admit_result((result[4], result[5], result[6], result[7]))
+        out = _new_admit_result((result[4], result[5], result[6], result[7]))
+        self._after_call(out)
+        return out
 
     def fork(self, ids, n: int = 1) -> np.ndarray:
         """Give every sequence ``n`` children that share all of its blocks.
@@ -534,12 +538,16 @@ class BlockManager(PagedCalls):
         return int(self._s.ref[block])
 
     # ---------------------------------------------------------------------------- internals
-    def _after_call(self) -> None:
-        """Count a partial failure and deliver the eviction callback of a committed call."""
+    def _after_call(self, result) -> None:
+        """Count a partial failure and deliver the eviction callback of a committed call.
+
+        A raising ``on_evict`` becomes a ``CallbackError`` carrying ``result``: the call has
+        committed, so its result must still reach the caller.
+        """
         if self._scr[S_FAILED]:
             self._failed_calls += 1
         if self._on_evict is not None:  # tested here: a method call costs a one-sequence append 5%
-            self._deliver_evictions()
+            deliver_all((self._deliver_evictions,), result)
 
     def _deliver_evictions(self) -> None:
         """Call ``on_evict`` with copies of this call's eviction records, if there are any."""

@@ -31,6 +31,7 @@ from kvnumba._kernels import pool as K
 from kvnumba.errors import (
     ST_OK,
     ST_POOL_EXHAUSTED,
+    CallbackError,
     InvalidGeometry,
     InvariantViolation,
     PoolExhausted,
@@ -507,7 +508,8 @@ class PagePool:
             If fewer pages are free than requested (``needed``, ``available`` in pages); nothing
             changed.
         ValueError
-            For an unknown client or a negative virtual id.
+            For an unknown client or a negative virtual id.        CallbackError
+            If ``on_map`` raised; the pages are mapped and ``.result`` holds them.
         """
         client = self._client(client)
         virtual_ids = index_array(virtual_ids, "virtual_ids")
@@ -520,7 +522,11 @@ class PagePool:
         if status != ST_OK:
             self._raise(status, bad, client, virtual_ids, needed=out.shape[0], available=available)
         if out.shape[0]:
-            self.deliver(mapped=(out, virtual_ids))
+            try:
+                self.deliver(mapped=(out, virtual_ids))
+            except Exception as exc:
+                # The pages are mapped: the caller must still learn which ones.
+                raise CallbackError(out) from exc
         return out
 
     def unmap_pages(self, client: int, physical_ids) -> np.ndarray:
@@ -541,7 +547,9 @@ class PagePool:
         Raises
         ------
         ValueError
-            For an unknown client, an out-of-range, duplicate or foreign page; nothing changed.
+            For an unknown client, an out-of-range, duplicate or foreign page; nothing changed.        CallbackError
+            If ``on_unmap`` raised; the pages are given back and ``.result`` holds the virtual
+            pages.
         """
         client = self._client(client)
         physical_ids = index_array(physical_ids, "physical_ids")
@@ -551,7 +559,10 @@ class PagePool:
         if status != ST_OK:
             self._raise(status, bad, client, physical_ids)
         if physical_ids.shape[0]:
-            self.deliver(unmapped=(physical_ids.copy(), virtual))
+            try:
+                self.deliver(unmapped=(physical_ids.copy(), virtual))
+            except Exception as exc:
+                raise CallbackError(virtual) from exc
         return virtual
 
     def deliver(self, unmapped=None, mapped=None) -> None:
@@ -563,11 +574,29 @@ class PagePool:
         ----------
         unmapped, mapped : tuple of two int64 arrays, optional
             ``(physical_ids, virtual_ids)``; skipped when ``None`` or empty.
+
+        Raises
+        ------
+        Exception
+            The first exception a callback raised, after both callbacks ran.
         """
+        error = None
         if unmapped is not None and self.on_unmap is not None and len(unmapped[0]):
-            self.on_unmap(np.array(unmapped[0], dtype=np.int64), np.array(unmapped[1], np.int64))
+            try:
+                self.on_unmap(
+                    np.array(unmapped[0], dtype=np.int64), np.array(unmapped[1], np.int64)
+                )
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after on_map ran
+                error = exc
         if mapped is not None and self.on_map is not None and len(mapped[0]):
-            self.on_map(np.array(mapped[0], dtype=np.int64), np.array(mapped[1], dtype=np.int64))
+            try:
+                self.on_map(
+                    np.array(mapped[0], dtype=np.int64), np.array(mapped[1], dtype=np.int64)
+                )
+            except Exception as exc:  # noqa: BLE001
+                error = error or exc
+        if error is not None:
+            raise error
 
     def _raise(self, status, bad, client, values, needed=0, available=0):
         if status == ST_POOL_EXHAUSTED:
