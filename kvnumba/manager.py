@@ -14,7 +14,7 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._dispatch import compiled
-from kvnumba._inputs import index_array, positive_int
+from kvnumba._inputs import check_state_bytes, index_array, positive_int
 from kvnumba._kernels.check import MESSAGES
 from kvnumba._kernels.sequences import SLOT_BITS, SLOT_MASK
 from kvnumba._kernels.undo import undo_log_rows
@@ -33,9 +33,14 @@ from kvnumba._state import (
     S_EV_N,
     S_EV_PAYLOAD,
     S_FAILED,
+    SCRATCH_FIELDS,
+    STATE_FIELDS,
     State,
+    arena_bytes,
     new_scratch,
     new_state,
+    scratch_dims,
+    state_dims,
 )
 from kvnumba.results import AdmitResult, AppendResult, Stats
 
@@ -108,6 +113,10 @@ class BlockManager(PagedCalls):
         (``docs/design.md``, "the page policy").
     blocks_per_page : int, optional
         Blocks per virtual page; required with ``page_pool`` and must divide ``num_blocks``.
+    max_state_bytes : int, optional
+        Refuse (``InvalidGeometry``) a geometry whose state arrays need more bytes. Without it
+        the bound is what the process may use: physical memory and the room left under its
+        address-space limit (``RLIMIT_AS``); the size is computed before anything is allocated.
 
     Notes
     -----
@@ -126,6 +135,7 @@ class BlockManager(PagedCalls):
         on_evict: Callable | None = None,
         page_pool=None,
         blocks_per_page: int | None = None,
+        max_state_bytes: int | None = None,
         _hash_bits: int = 64,
     ):
         geometry = E.InvalidGeometry
@@ -142,13 +152,22 @@ class BlockManager(PagedCalls):
             raise TypeError("on_evict must be callable")
         if not 0 <= _hash_bits <= 64:
             raise geometry("_hash_bits must be in [0, 64]")
+        blocks_per_seq = -(-max_seq_len // block_size)
+        self._check_state_bytes(
+            num_blocks,
+            block_size,
+            max_seqs,
+            blocks_per_seq,
+            blocks_per_page,
+            on_evict,
+            max_state_bytes,
+        )
         self._num_blocks = num_blocks
         self._block_size = block_size
         self._max_seqs = max_seqs
         self._max_seq_len = max_seq_len
         self._prefix_caching = bool(prefix_caching)
         self._on_evict = on_evict
-        blocks_per_seq = -(-max_seq_len // block_size)
         self._arena, self._s = new_state(
             num_blocks,
             block_size,
@@ -171,6 +190,28 @@ class BlockManager(PagedCalls):
         self._failed_calls = 0
         _bind_kernels(self, page_pool is not None)
         self._attach_pool(page_pool)
+
+    @staticmethod
+    def _check_state_bytes(
+        num_blocks, block_size, max_seqs, blocks_per_seq, k, on_evict, max_state_bytes
+    ) -> None:
+        """``InvalidGeometry`` if the state and first scratch arenas exceed the memory bound."""
+        if max_state_bytes is not None:
+            max_state_bytes = positive_int(max_state_bytes, "max_state_bytes", E.InvalidGeometry)
+        num_pages = num_blocks // k if k else 0
+        state = arena_bytes(
+            STATE_FIELDS, state_dims(num_blocks, block_size, max_seqs, blocks_per_seq, k)
+        )
+        scratch = arena_bytes(
+            SCRATCH_FIELDS,
+            scratch_dims(block_size, max_seqs, 64, 64, on_evict is not None, num_pages),
+        )
+        check_state_bytes(
+            state + scratch,
+            f"a manager of {num_blocks} blocks of {block_size} tokens and {max_seqs} sequences "
+            f"of {blocks_per_seq} blocks",
+            max_state_bytes,
+        )
 
     def _new_scratch(self, rows: int, log_rows: int, payload: bool = False) -> None:
         """(Re)allocate the scratch arena, keeping its control slots and duplicate marks."""

@@ -3,6 +3,11 @@ memory checks in constructors, and small input gaps."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import uuid
+
 import numpy as np
 import pytest
 
@@ -150,3 +155,98 @@ def test_pool_map_pages_callback_error_carries_the_pages():
         pool.map_pages(me, [5])
     assert info.value.result.tolist() == pool.pages_of(me).tolist()
     pool.check()
+
+
+# --------------------------------------------------------- hole 5: shared pool names
+
+BAD_NAMES = [None, "", "a/b", "../x", "x\0y", ".", "..", ".hidden", "a" * 201, 5, "sp ace"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
+def test_shared_pool_refuses_a_bad_name_and_creates_nothing(name):
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    before = set(os.listdir(shm)) if shm else set()
+    parent = set(os.listdir(os.path.dirname(shm))) if shm else set()
+    with pytest.raises(ValueError, match="name"):
+        PagePool.shared(name, 2)
+    with pytest.raises(ValueError, match="name"):
+        PagePool.attach(name)
+    if shm:
+        assert set(os.listdir(shm)) == before
+        assert set(os.listdir(os.path.dirname(shm))) == parent
+
+
+def test_shared_pool_accepts_a_long_portable_name():
+    name = f"kvn-t-{uuid.uuid4().hex}".ljust(200, "x")
+    pool = PagePool.shared(name, 2)
+    try:
+        assert pool.name == name
+        pool.check()
+    finally:
+        pool.close()
+        pool.unlink()
+
+
+def test_failed_shared_creation_leaves_no_lock_file(monkeypatch):
+    import kvnumba.pages as pages
+
+    def fail(*args, **kwargs):
+        raise OSError("no room")
+
+    monkeypatch.setattr(pages, "_open_shm", fail)
+    name = f"kvn-t-{uuid.uuid4().hex[:12]}"
+    with pytest.raises(OSError, match="no room"):
+        PagePool.shared(name, 2)
+    assert not os.path.exists(pages._lock_path(name))
+
+
+# ----------------------------------------------------- hole 6: pool callbacks callable
+
+
+@pytest.mark.parametrize("kwargs", [{"on_map": 5}, {"on_unmap": "f"}], ids=repr)
+def test_pool_callbacks_must_be_callable(kwargs):
+    with pytest.raises(TypeError, match="callable"):
+        PagePool(4, **kwargs)
+    name = f"kvn-t-{uuid.uuid4().hex[:12]}"
+    with pytest.raises(TypeError, match="callable"):
+        PagePool.shared(name, 4, **kwargs)
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+# -------------------------------------------------------------- hole 7: memory bound
+
+
+def test_absurd_block_size_is_invalid_geometry():
+    with pytest.raises(kvnumba.InvalidGeometry, match="bytes"):
+        BlockManager(4, 2**62)
+
+
+def test_max_state_bytes_bounds_a_normal_geometry():
+    with pytest.raises(kvnumba.InvalidGeometry, match=r"needs \d+ bytes.*max_state_bytes"):
+        BlockManager(64, 16, max_state_bytes=1000)
+    BlockManager(64, 16, max_state_bytes=10**8).check()
+    with pytest.raises(kvnumba.InvalidGeometry):
+        BlockManager(64, 16, max_state_bytes=0)
+
+
+def test_absurd_page_count_is_invalid_geometry():
+    with pytest.raises(kvnumba.InvalidGeometry, match="bytes"):
+        PagePool(2**31 - 2)
+
+
+def test_huge_block_tables_fail_under_the_address_space_limit():
+    # 16 GiB of block tables: in a child process whose address space is bounded, so that a
+    # missing check fails the test instead of the machine.
+    code = (
+        "import resource, kvnumba\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (6 << 30, resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    kvnumba.BlockManager(4, 1, max_seqs=2, max_seq_len=2**31 - 2)\n"
+        "except kvnumba.InvalidGeometry as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused:" in done.stdout and "RLIMIT_AS" in done.stdout, done.stdout
