@@ -17,14 +17,15 @@ def index_array(value, name: str) -> np.ndarray:
     ------
     TypeError
         For float, bool, object or other non-integer input (Python ints beyond int64 make an
-        object array and land here too).
+        object array and land here too), and for ``str``, ``bytes`` and ``bytearray``.
     ValueError
         For input that is not one-dimensional or does not fit in int64.
     """
     if type(value) is np.ndarray and value.dtype == np.int64 and value.ndim == 1:
         # The hot path: already what the kernels take.
         return value if value.flags.c_contiguous else np.ascontiguousarray(value)
-    if isinstance(value, (str, bytes)) or np.isscalar(value):
+    # bytes and bytearray would pass as uint8 arrays: b"\x05" is not the token 5.
+    if isinstance(value, (str, bytes, bytearray)) or np.isscalar(value):
         raise TypeError(f"{name} must be a 1-D array-like of integers, got {type(value).__name__}")
     array = np.asarray(value)
     if array.ndim != 1:

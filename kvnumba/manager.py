@@ -46,6 +46,7 @@ from kvnumba.results import AdmitResult, AppendResult, Stats
 
 _NO_TOKENS = np.empty(0, dtype=np.int64)
 _INT64 = np.dtype(np.int64)
+_INT64_MAX = np.iinfo(np.int64).max
 # Building a NamedTuple from a tuple skips its keyword-argument __new__ (a third of the cost).
 _new_append_result = AppendResult._make
 _new_admit_result = AdmitResult._make
@@ -476,6 +477,8 @@ class BlockManager(PagedCalls):
             self.seq_lens(ids)  # an invalid id still takes precedence
             free = int(self._s.meta[M_SLOT_TOP])
             raise E.TooManySequences(ids.shape[0] * n, free, self._max_seqs)
+        if n > _INT64_MAX:  # no parents, so no TooManySequences; the kernel takes an int64
+            raise ValueError(f"n must be below 2**63, got {n}")
         status, bad, children = self._k_fork(ids, n, *self._args)
         if status:
             self._raise(status, bad, ids, requested=ids.shape[0] * n)
