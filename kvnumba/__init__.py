@@ -11,6 +11,7 @@ pure-Python model) does not load numba.
 from __future__ import annotations
 
 from kvnumba.errors import (
+    CallbackError,
     InvalidGeometry,
     InvalidPosition,
     InvalidSequence,
@@ -35,6 +36,7 @@ __all__ = [
     "AdmitResult",
     "AppendResult",
     "BlockManager",
+    "CallbackError",
     "InvalidGeometry",
     "InvalidPosition",
     "InvalidSequence",

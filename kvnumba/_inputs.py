@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import os
 
 import numpy as np
 
@@ -16,14 +17,15 @@ def index_array(value, name: str) -> np.ndarray:
     ------
     TypeError
         For float, bool, object or other non-integer input (Python ints beyond int64 make an
-        object array and land here too).
+        object array and land here too), and for ``str``, ``bytes`` and ``bytearray``.
     ValueError
         For input that is not one-dimensional or does not fit in int64.
     """
     if type(value) is np.ndarray and value.dtype == np.int64 and value.ndim == 1:
         # The hot path: already what the kernels take.
         return value if value.flags.c_contiguous else np.ascontiguousarray(value)
-    if isinstance(value, (str, bytes)) or np.isscalar(value):
+    # bytes and bytearray would pass as uint8 arrays: b"\x05" is not the token 5.
+    if isinstance(value, (str, bytes, bytearray)) or np.isscalar(value):
         raise TypeError(f"{name} must be a 1-D array-like of integers, got {type(value).__name__}")
     array = np.asarray(value)
     if array.ndim != 1:
@@ -50,3 +52,61 @@ def positive_int(value, name: str, error=ValueError) -> int:
     if number < 1:
         raise error(f"{name} must be a positive integer, got {number}")
     return number
+
+
+def memory_limits() -> list[tuple[int, str]]:
+    """The bounds on the memory this process may still allocate, as ``(bytes, what)`` pairs.
+
+    Physical memory, and the room left under the address-space limit (``RLIMIT_AS``) where one
+    is set. Either is left out where the platform cannot tell.
+    """
+    limits = []
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        physical = -1
+    if physical > 0:
+        limits.append((physical, "physical memory"))
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, ValueError, OSError):  # pragma: no cover - not POSIX
+        soft = -1
+    if soft >= 0 and soft != getattr(resource, "RLIM_INFINITY", -1):
+        # The limit counts the address space already in use (numba maps a lot of it).
+        used = 0
+        try:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):  # pragma: no cover - no procfs
+            pass
+        limits.append((max(soft - used, 0), "room left under the address-space limit (RLIMIT_AS)"))
+    return limits
+
+
+def check_state_bytes(needed: int, what: str, max_state_bytes: int | None = None) -> None:
+    """Raise ``InvalidGeometry`` if ``needed`` bytes exceed what this process may allocate.
+
+    Called by constructors before they allocate, so an absurd geometry fails with the number of
+    bytes instead of ending the process (OOM) or failing inside numpy.
+
+    Parameters
+    ----------
+    needed : int
+        Bytes the constructor would allocate (a Python int: no overflow).
+    what : str
+        What the bytes are for, for the message.
+    max_state_bytes : int, optional
+        An explicit bound of the caller, checked first.
+    """
+    from kvnumba.errors import InvalidGeometry
+
+    limits = memory_limits()
+    if max_state_bytes is not None:
+        limits.insert(0, (max_state_bytes, "max_state_bytes"))
+    for limit, name in limits:
+        if needed > limit:
+            raise InvalidGeometry(
+                f"{what} needs {needed} bytes of state, more than the {limit} bytes of {name}"
+            )

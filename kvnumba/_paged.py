@@ -97,13 +97,15 @@ class PagedCalls:
                     return result
                 self._grow_records(result[2])
 
+        pending = self._orphans_first()
         result, givers = self._run_with_reclaim(run, atomic)
         if result[0]:
             self._raise(
                 result[0], result[1], ids, counts=counts, needed=result[2], available=result[3]
             )
-        self._after_paged_call(givers)
-        return AppendResult._make((result[4], result[5], result[6], result[7]))
+        out = AppendResult._make((result[4], result[5], result[6], result[7]))
+        self._after_paged_call(givers, out, pending)
+        return out
 
     def _paged_admit(self, tokens_in, lengths, salts, atomic) -> AdmitResult:
         def run():
@@ -114,6 +116,7 @@ class PagedCalls:
                 blocks = min(result[2], self._num_blocks)
                 self._grow_records(blocks, result[2], lengths.shape[0])
 
+        pending = self._orphans_first()
         result, givers = self._run_with_reclaim(run, atomic)
         if result[0]:
             self._raise(
@@ -125,17 +128,17 @@ class PagedCalls:
                 needed=result[2],
                 available=result[3],
             )
-        self._after_paged_call(givers)
-        return AdmitResult._make((result[4], result[5], result[6], result[7]))
+        out = AdmitResult._make((result[4], result[5], result[6], result[7]))
+        self._after_paged_call(givers, out, pending)
+        return out
 
     def _paged_release(self, ids) -> None:
-        if self._pool._orphans:
-            give_back_orphans(self._pool)
+        pending = self._orphans_first()
         with self._pool.lock():
             status, bad = self._k_release(ids, *self._pargs)
         if status:
             self._raise(status, bad, ids)
-        self._deliver_unmaps()
+        deliver_all((self._deliver_unmaps,), None, pending)
 
     def _paged_can_append(self, ids, counts) -> bool:
         with self._pool.lock():
@@ -162,16 +165,20 @@ class PagedCalls:
         -------
         int
             Pages unmapped.
+
+        Raises
+        ------
+        CallbackError
+            If a callback raised (after the pages were given back); ``.result`` is the count.
         """
         if self._pool is None:
             return 0
-        if self._pool._orphans:
-            give_back_orphans(self._pool)
+        pending = self._orphans_first()
         with self._pool.lock():
             self._ensure_records(int(self._s.meta[M_CACHED]))
-            done = self._k_give_up(self._num_pages, False, *self._pargs)
-        _deliver_all([self._deliver_evictions, self._deliver_unmaps])
-        return int(done)
+            done = int(self._k_give_up(self._num_pages, False, *self._pargs))
+        deliver_all((self._deliver_evictions, self._deliver_unmaps), done, pending)
+        return done
 
     def close(self) -> None:
         """Give every page back to the pool and retire the manager (a page pool's managers).
@@ -181,16 +188,18 @@ class PagedCalls:
         a manager without a pool has nothing to give back and stays usable. A manager on a pool
         that is garbage-collected without ``close()`` gives its pages back at the pool's next
         call from another manager. Close the managers before their pool.
+
+        Raises
+        ------
+        CallbackError
+            If ``on_unmap`` raised; the manager is closed and its pages given back all the same
+            (``.result`` is ``None``).
         """
         if self._pool is None or not self._finalizer.alive:
             return
         self._finalizer()
         pool = self._pool
         pool._managers[:] = [ref for ref in pool._managers if ref() not in (None, self)]
-        if pool.closed:
-            pool._orphans.clear()  # nothing left to give the pages back to
-        else:
-            give_back_orphans(pool)
 
         def closed(*args):
             raise ValueError("the block manager is closed")
@@ -198,6 +207,11 @@ class PagedCalls:
         for name in vars(self).copy():
             if name.startswith("_k_"):
                 setattr(self, name, closed)
+        if pool.closed:
+            pool._orphans.clear()  # nothing left to give the pages back to
+        else:
+            # Last, so that a raising on_unmap finds the manager closed already.
+            deliver_all((), None, give_back_orphans(pool))
 
     def mapped_pages(self) -> np.ndarray:
         """Physical page ids this manager holds, in virtual page order (empty without a pool).
@@ -227,8 +241,6 @@ class PagedCalls:
         Returns the kernel's result and the siblings whose give-ups the call committed.
         """
         pool = self._pool
-        if pool._orphans:
-            give_back_orphans(pool)
         with pool.lock():
             result = run()
             if result[0] != E.ST_POOL_EXHAUSTED or not atomic:
@@ -312,10 +324,20 @@ class PagedCalls:
             )
 
     # ------------------------------------------------------------------------------ callbacks
-    def _after_paged_call(self, givers) -> None:
+    def _orphans_first(self):
+        """Give back the pages of collected managers before a call (see ``give_back_orphans``).
+
+        Returns the first exception an ``on_unmap`` raised, for the call to raise as the cause
+        of its ``CallbackError`` once it has committed (the call itself still runs).
+        """
+        pool = self._pool
+        return give_back_orphans(pool) if pool._orphans else None
+
+    def _after_paged_call(self, givers, result, pending=None) -> None:
         """Callbacks of a committed call: the siblings' give-ups first, then this manager's.
 
-        Every callback runs even if an earlier one raises; the first error is raised after.
+        Every callback runs even if an earlier one raises; then ``CallbackError`` carrying
+        ``result`` is raised with the first error (``pending`` if set) as its cause.
         """
         if self._scr[S_FAILED]:
             self._failed_calls += 1
@@ -323,7 +345,7 @@ class PagedCalls:
         for sibling in givers:
             deliveries += [sibling._deliver_evictions, sibling._deliver_unmaps]
         deliveries += [self._deliver_evictions, self._deliver_unmaps, self._deliver_maps]
-        _deliver_all(deliveries)
+        deliver_all(deliveries, result, pending)
 
     def _deliver_unmaps(self) -> None:
         """Hand this call's unmapped pages to the pool's ``on_unmap``."""
@@ -340,22 +362,49 @@ class PagedCalls:
             pool.deliver(mapped=(maps[:, 0], maps[:, 1]))
 
 
-def _deliver_all(deliveries) -> None:
-    """Run every callback delivery even if one raises; then raise the first error."""
-    error = None
+def deliver_all(deliveries, result=None, pending=None) -> None:
+    """Run every callback delivery of a committed call, even if one raises.
+
+    Parameters
+    ----------
+    deliveries : sequence of callables
+        Each delivers one callback of the call.
+    result : object
+        The call's result, carried by the ``CallbackError``.
+    pending : Exception, optional
+        A callback error raised earlier in the same call (it comes first).
+
+    Raises
+    ------
+    CallbackError
+        With the first callback exception as ``__cause__``, after every delivery ran.
+    """
+    error = pending
     for deliver in deliveries:
         try:
             deliver()
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the others ran
-            error = error or exc
+            if error is None:
+                error = exc
     if error is not None:
-        raise error
+        raise E.CallbackError(result) from error
 
 
-def give_back_orphans(pool) -> None:
-    """Unmap the pages of managers that were closed or garbage-collected (``on_unmap`` too)."""
+def give_back_orphans(pool) -> Exception | None:
+    """Unmap the pages of managers that were closed or garbage-collected (``on_unmap`` too).
+
+    Returns the first exception ``on_unmap`` raised, not raising it: every orphan is still
+    given back, and the caller decides when the error surfaces.
+    """
+    error = None
     while pool._orphans:
         client, physical = pool._orphans.pop(0)
         held = physical[physical != NIL].astype(np.int64)
         if held.size:
-            pool.unmap_pages(client, held)
+            try:
+                pool.unmap_pages(client, held)
+            except E.CallbackError as exc:
+                # The pages are back; only the callback failed. Keep its own exception.
+                if error is None:
+                    error = exc.__cause__
+    return error

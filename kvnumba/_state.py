@@ -7,6 +7,7 @@ the per-block flag bits.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -192,7 +193,8 @@ def arena_bytes(fields: tuple[Field, ...], dims: dict[str, int]) -> int:
     """Bytes of the arena holding ``fields`` with dimension values ``dims`` (header included)."""
     total = HEADER_BYTES
     for f in fields:
-        nbytes = np.dtype(f.dtype).itemsize * int(np.prod([dims[d] for d in f.dims]))
+        # math.prod on Python ints: np.prod would wrap around in int64 for absurd geometries.
+        nbytes = np.dtype(f.dtype).itemsize * math.prod(dims[d] for d in f.dims)
         total += -(-nbytes // _ALIGN) * _ALIGN
     return total
 
@@ -208,7 +210,7 @@ def _arena(fields: tuple[Field, ...], dims: dict[str, int]) -> tuple[np.ndarray,
     for i, f in enumerate(fields):
         shape = tuple(dims[d] for d in f.dims)
         itemsize = np.dtype(f.dtype).itemsize
-        nbytes = itemsize * int(np.prod(shape))
+        nbytes = itemsize * math.prod(shape)
         second = shape[1] if len(shape) == 2 else 0
         header[HEADER_SLOTS * i : HEADER_SLOTS * (i + 1)] = (
             offset,

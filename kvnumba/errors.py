@@ -97,5 +97,35 @@ class InvalidPosition(KVNumbaError, IndexError):
     """A token position outside a sequence."""
 
 
+class CallbackError(KVNumbaError):
+    """A callback raised after its call committed; the call's result is kept.
+
+    ``on_evict``, ``on_map`` and ``on_unmap`` run after the kernel committed, so the call is not
+    undone: every callback of the call still runs once, then this error is raised with the
+    first callback exception as ``__cause__``.
+
+    Parameters
+    ----------
+    result : object
+        The call's full result (``AppendResult``, ``AdmitResult``, ...; ``None`` for a call
+        that returns nothing).
+    message : str, optional
+        Replaces the default message.
+
+    Attributes
+    ----------
+    result : object
+        As given.
+    """
+
+    def __init__(self, result=None, message: str | None = None):
+        self.result = result
+        super().__init__(
+            message
+            or "a callback raised after the call committed; the call's result is in .result "
+            "and the callback's exception in __cause__"
+        )
+
+
 class InvariantViolation(KVNumbaError):
     """``check()`` found state that contradicts an invariant; the message names the first one."""

@@ -14,11 +14,11 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._dispatch import compiled
-from kvnumba._inputs import index_array, positive_int
+from kvnumba._inputs import check_state_bytes, index_array, positive_int
 from kvnumba._kernels.check import MESSAGES
 from kvnumba._kernels.sequences import SLOT_BITS, SLOT_MASK
 from kvnumba._kernels.undo import undo_log_rows
-from kvnumba._paged import PagedCalls
+from kvnumba._paged import PagedCalls, deliver_all
 from kvnumba._state import (
     M_ALLOCATIONS,
     M_CACHED,
@@ -33,14 +33,20 @@ from kvnumba._state import (
     S_EV_N,
     S_EV_PAYLOAD,
     S_FAILED,
+    SCRATCH_FIELDS,
+    STATE_FIELDS,
     State,
+    arena_bytes,
     new_scratch,
     new_state,
+    scratch_dims,
+    state_dims,
 )
 from kvnumba.results import AdmitResult, AppendResult, Stats
 
 _NO_TOKENS = np.empty(0, dtype=np.int64)
 _INT64 = np.dtype(np.int64)
+_INT64_MAX = np.iinfo(np.int64).max
 # Building a NamedTuple from a tuple skips its keyword-argument __new__ (a third of the cost).
 _new_append_result = AppendResult._make
 _new_admit_result = AdmitResult._make
@@ -108,6 +114,10 @@ class BlockManager(PagedCalls):
         (``docs/design.md``, "the page policy").
     blocks_per_page : int, optional
         Blocks per virtual page; required with ``page_pool`` and must divide ``num_blocks``.
+    max_state_bytes : int, optional
+        Refuse (``InvalidGeometry``) a geometry whose state arrays need more bytes. Without it
+        the bound is what the process may use: physical memory and the room left under its
+        address-space limit (``RLIMIT_AS``); the size is computed before anything is allocated.
 
     Notes
     -----
@@ -126,6 +136,7 @@ class BlockManager(PagedCalls):
         on_evict: Callable | None = None,
         page_pool=None,
         blocks_per_page: int | None = None,
+        max_state_bytes: int | None = None,
         _hash_bits: int = 64,
     ):
         geometry = E.InvalidGeometry
@@ -142,13 +153,22 @@ class BlockManager(PagedCalls):
             raise TypeError("on_evict must be callable")
         if not 0 <= _hash_bits <= 64:
             raise geometry("_hash_bits must be in [0, 64]")
+        blocks_per_seq = -(-max_seq_len // block_size)
+        self._check_state_bytes(
+            num_blocks,
+            block_size,
+            max_seqs,
+            blocks_per_seq,
+            blocks_per_page,
+            on_evict,
+            max_state_bytes,
+        )
         self._num_blocks = num_blocks
         self._block_size = block_size
         self._max_seqs = max_seqs
         self._max_seq_len = max_seq_len
         self._prefix_caching = bool(prefix_caching)
         self._on_evict = on_evict
-        blocks_per_seq = -(-max_seq_len // block_size)
         self._arena, self._s = new_state(
             num_blocks,
             block_size,
@@ -171,6 +191,28 @@ class BlockManager(PagedCalls):
         self._failed_calls = 0
         _bind_kernels(self, page_pool is not None)
         self._attach_pool(page_pool)
+
+    @staticmethod
+    def _check_state_bytes(
+        num_blocks, block_size, max_seqs, blocks_per_seq, k, on_evict, max_state_bytes
+    ) -> None:
+        """``InvalidGeometry`` if the state and first scratch arenas exceed the memory bound."""
+        if max_state_bytes is not None:
+            max_state_bytes = positive_int(max_state_bytes, "max_state_bytes", E.InvalidGeometry)
+        num_pages = num_blocks // k if k else 0
+        state = arena_bytes(
+            STATE_FIELDS, state_dims(num_blocks, block_size, max_seqs, blocks_per_seq, k)
+        )
+        scratch = arena_bytes(
+            SCRATCH_FIELDS,
+            scratch_dims(block_size, max_seqs, 64, 64, on_evict is not None, num_pages),
+        )
+        check_state_bytes(
+            state + scratch,
+            f"a manager of {num_blocks} blocks of {block_size} tokens and {max_seqs} sequences "
+            f"of {blocks_per_seq} blocks",
+            max_state_bytes,
+        )
 
     def _new_scratch(self, rows: int, log_rows: int, payload: bool = False) -> None:
         """(Re)allocate the scratch arena, keeping its control slots and duplicate marks."""
@@ -309,7 +351,8 @@ class BlockManager(PagedCalls):
         InvalidSequence, SequenceReleased, SequenceTooLong
             For a bad id or a sequence that would exceed ``max_seq_len``.
         ValueError, TypeError
-            For malformed input. Nothing is changed by any failed call.
+            For malformed input. Nothing is changed by any failed call.        CallbackError
+            If a callback raised after the call committed; ``.result`` is the result.
         """
         # The hot path: int64 vectors are passed through without a call (see index_array).
         if not (type(ids) is np.ndarray and ids.dtype == _INT64 and ids.flags.c_contiguous):
@@ -344,9 +387,10 @@ class BlockManager(PagedCalls):
         # method call alone is a few percent of a one-sequence append.
         if atomic is not True and self._scr[S_FAILED]:
             self._failed_calls += 1
+        out = _new_append_result(result[4:])
         if self._on_evict is not None:
-            self._deliver_evictions()
-        return _new_append_result(result[4:])
+            deliver_all((self._deliver_evictions,), out)
+        return out
 
     def admit(self, tokens, lengths, *, salts=None, atomic: bool = True) -> AdmitResult:
         """Create one sequence per prompt, reusing the longest cached prefix of each.
@@ -373,7 +417,8 @@ class BlockManager(PagedCalls):
         PoolExhausted
             Atomic mode, when the prompts do not fit.
         SequenceTooLong, TooManySequences, ValueError, TypeError
-            For input that can never be served. Nothing is changed by any failed call.
+            For input that can never be served. Nothing is changed by any failed call.        CallbackError
+            If a callback raised after the call committed; ``.result`` is the result.
         """
         tokens_in = index_array(tokens, "tokens")
         lengths = index_array(lengths, "lengths")
@@ -403,8 +448,9 @@ class BlockManager(PagedCalls):
                 needed=result[2],
                 available=result[3],
             )
-        self._after_call()
-        return _new_admit_result((result[4], result[5], result[6], result[7]))
+        out = _new_admit_result((result[4], result[5], result[6], result[7]))
+        self._after_call(out)
+        return out
 
     def fork(self, ids, n: int = 1) -> np.ndarray:
         """Give every sequence ``n`` children that share all of its blocks.
@@ -431,6 +477,8 @@ class BlockManager(PagedCalls):
             self.seq_lens(ids)  # an invalid id still takes precedence
             free = int(self._s.meta[M_SLOT_TOP])
             raise E.TooManySequences(ids.shape[0] * n, free, self._max_seqs)
+        if n > _INT64_MAX:  # no parents, so no TooManySequences; the kernel takes an int64
+            raise ValueError(f"n must be below 2**63, got {n}")
         status, bad, children = self._k_fork(ids, n, *self._args)
         if status:
             self._raise(status, bad, ids, requested=ids.shape[0] * n)
@@ -534,12 +582,16 @@ class BlockManager(PagedCalls):
         return int(self._s.ref[block])
 
     # ---------------------------------------------------------------------------- internals
-    def _after_call(self) -> None:
-        """Count a partial failure and deliver the eviction callback of a committed call."""
+    def _after_call(self, result) -> None:
+        """Count a partial failure and deliver the eviction callback of a committed call.
+
+        A raising ``on_evict`` becomes a ``CallbackError`` carrying ``result``: the call has
+        committed, so its result must still reach the caller.
+        """
         if self._scr[S_FAILED]:
             self._failed_calls += 1
         if self._on_evict is not None:  # tested here: a method call costs a one-sequence append 5%
-            self._deliver_evictions()
+            deliver_all((self._deliver_evictions,), result)
 
     def _deliver_evictions(self) -> None:
         """Call ``on_evict`` with copies of this call's eviction records, if there are any."""

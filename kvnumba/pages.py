@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
+import re
 import sys
 import tempfile
 import time
@@ -26,11 +27,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvnumba._inputs import index_array, positive_int
+from kvnumba._inputs import check_state_bytes, index_array, positive_int
 from kvnumba._kernels import pool as K
 from kvnumba.errors import (
     ST_OK,
     ST_POOL_EXHAUSTED,
+    CallbackError,
     InvalidGeometry,
     InvariantViolation,
     PoolExhausted,
@@ -44,6 +46,33 @@ except ImportError:  # pragma: no cover - non-POSIX platforms
 __all__ = ["PagePool", "PoolState", "process_start_time"]
 
 _NO_LOCK = contextlib.nullcontext()
+# A shared pool's name is one portable file name: it becomes /dev/shm/<name> and the lock file
+# /dev/shm/<name>.kvnumba-lock, so a separator, a dot name or a NUL would put files elsewhere.
+_NAME_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+MAX_NAME_LENGTH = 200  # the lock file's suffix must still fit a 255-byte file name
+
+
+def _check_name(name) -> str:
+    """``name`` if it is a valid shared pool name, else ``ValueError`` (see ``PagePool.shared``)."""
+    if not isinstance(name, str):
+        raise ValueError(f"a shared pool name must be a str, got {type(name).__name__}")
+    if not name or len(name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"a shared pool name must have 1 to {MAX_NAME_LENGTH} characters, got {len(name)}"
+        )
+    if not _NAME_CHARS.fullmatch(name) or name.startswith("."):
+        raise ValueError(
+            f"shared pool name {name!r} is not a portable file name: use only letters, digits, "
+            "'.', '_' and '-', not starting with '.'"
+        )
+    return name
+
+
+def _check_callbacks(on_map, on_unmap) -> None:
+    """``TypeError`` for a callback that is neither ``None`` nor callable (before any call)."""
+    for label, callback in (("on_map", on_map), ("on_unmap", on_unmap)):
+        if callback is not None and not callable(callback):
+            raise TypeError(f"{label} must be callable, got {type(callback).__name__}")
 
 
 class PoolState(NamedTuple):
@@ -225,7 +254,9 @@ class PagePool:
         on_unmap: Callable | None = None,
     ):
         num_pages = self._check_num_pages(num_pages)
+        _check_callbacks(on_map, on_unmap)
         _, _, size = K.arena_layout(num_pages)
+        check_state_bytes(size, f"a page pool of {num_pages} pages")
         raw = np.zeros(size + K.ALIGN, dtype=np.uint8)
         start = (-raw.ctypes.data) % K.ALIGN  # every field 64-byte aligned
         arena = raw[start : start + size]
@@ -273,7 +304,8 @@ class PagePool:
         ----------
         name : str
             Segment name (``/dev/shm/<name>`` on Linux); the lock file is
-            ``/dev/shm/<name>.kvnumba-lock``.
+            ``/dev/shm/<name>.kvnumba-lock``. One portable file name: 1 to 200 characters
+            from ``[A-Za-z0-9._-]``, not starting with ``'.'``.
         num_pages : int
             Physical pages in the pool.
         on_map, on_unmap : callable, optional
@@ -287,20 +319,37 @@ class PagePool:
         ------
         FileExistsError
             If a segment of that name exists.
+        ValueError
+            If ``name`` is not a valid name (checked before anything is created).
+        TypeError
+            If a callback is not callable.
         """
         if fcntl is None:  # pragma: no cover
             raise OSError("a shared PagePool needs fcntl (POSIX)")
+        name = _check_name(name)
         num_pages = cls._check_num_pages(num_pages)
+        _check_callbacks(on_map, on_unmap)
         _, _, size = K.arena_layout(num_pages)
+        check_state_bytes(size, f"a page pool of {num_pages} pages")
         self = cls.__new__(cls)
         self._name = name
+        lock_existed = os.path.exists(_lock_path(name))
         # The creator holds the lock while it initialises, so an attacher that opens the segment
         # early waits for the magic to be written.
-        with self._locked_file():
-            shm = _open_shm(name, create=True, size=size)
-            arena = np.ndarray((size,), dtype=np.uint8, buffer=shm.buf)
-            K.init_arena(arena, num_pages)
-            self._setup(arena, shm, name, on_map, on_unmap)
+        try:
+            with self._locked_file():
+                shm = _open_shm(name, create=True, size=size)
+                arena = np.ndarray((size,), dtype=np.uint8, buffer=shm.buf)
+                K.init_arena(arena, num_pages)
+                self._setup(arena, shm, name, on_map, on_unmap)
+        except BaseException:
+            # Nothing of a failed creation stays behind; a lock file that was there before
+            # belongs to an existing pool of that name.
+            if not lock_existed:
+                _FileLock.forget(name)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(_lock_path(name))
+            raise
         return self
 
     @classmethod
@@ -328,10 +377,15 @@ class PagePool:
         FileNotFoundError
             If no segment of that name exists.
         ValueError
-            If the segment holds no page pool.
+            If the segment holds no page pool, or ``name`` is not a valid name (see
+            :meth:`shared`).
+        TypeError
+            If a callback is not callable.
         """
         if fcntl is None:  # pragma: no cover
             raise OSError("a shared PagePool needs fcntl (POSIX)")
+        name = _check_name(name)
+        _check_callbacks(on_map, on_unmap)
         self = cls.__new__(cls)
         self._name = name
         # Open the segment first (so a missing pool creates no lock file), then wait for the
@@ -507,7 +561,8 @@ class PagePool:
             If fewer pages are free than requested (``needed``, ``available`` in pages); nothing
             changed.
         ValueError
-            For an unknown client or a negative virtual id.
+            For an unknown client or a negative virtual id.        CallbackError
+            If ``on_map`` raised; the pages are mapped and ``.result`` holds them.
         """
         client = self._client(client)
         virtual_ids = index_array(virtual_ids, "virtual_ids")
@@ -520,7 +575,11 @@ class PagePool:
         if status != ST_OK:
             self._raise(status, bad, client, virtual_ids, needed=out.shape[0], available=available)
         if out.shape[0]:
-            self.deliver(mapped=(out, virtual_ids))
+            try:
+                self.deliver(mapped=(out, virtual_ids))
+            except Exception as exc:
+                # The pages are mapped: the caller must still learn which ones.
+                raise CallbackError(out) from exc
         return out
 
     def unmap_pages(self, client: int, physical_ids) -> np.ndarray:
@@ -541,7 +600,9 @@ class PagePool:
         Raises
         ------
         ValueError
-            For an unknown client, an out-of-range, duplicate or foreign page; nothing changed.
+            For an unknown client, an out-of-range, duplicate or foreign page; nothing changed.        CallbackError
+            If ``on_unmap`` raised; the pages are given back and ``.result`` holds the virtual
+            pages.
         """
         client = self._client(client)
         physical_ids = index_array(physical_ids, "physical_ids")
@@ -551,7 +612,10 @@ class PagePool:
         if status != ST_OK:
             self._raise(status, bad, client, physical_ids)
         if physical_ids.shape[0]:
-            self.deliver(unmapped=(physical_ids.copy(), virtual))
+            try:
+                self.deliver(unmapped=(physical_ids.copy(), virtual))
+            except Exception as exc:
+                raise CallbackError(virtual) from exc
         return virtual
 
     def deliver(self, unmapped=None, mapped=None) -> None:
@@ -563,11 +627,29 @@ class PagePool:
         ----------
         unmapped, mapped : tuple of two int64 arrays, optional
             ``(physical_ids, virtual_ids)``; skipped when ``None`` or empty.
+
+        Raises
+        ------
+        Exception
+            The first exception a callback raised, after both callbacks ran.
         """
+        error = None
         if unmapped is not None and self.on_unmap is not None and len(unmapped[0]):
-            self.on_unmap(np.array(unmapped[0], dtype=np.int64), np.array(unmapped[1], np.int64))
+            try:
+                self.on_unmap(
+                    np.array(unmapped[0], dtype=np.int64), np.array(unmapped[1], np.int64)
+                )
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after on_map ran
+                error = exc
         if mapped is not None and self.on_map is not None and len(mapped[0]):
-            self.on_map(np.array(mapped[0], dtype=np.int64), np.array(mapped[1], dtype=np.int64))
+            try:
+                self.on_map(
+                    np.array(mapped[0], dtype=np.int64), np.array(mapped[1], dtype=np.int64)
+                )
+            except Exception as exc:  # noqa: BLE001
+                error = error or exc
+        if error is not None:
+            raise error
 
     def _raise(self, status, bad, client, values, needed=0, available=0):
         if status == ST_POOL_EXHAUSTED:

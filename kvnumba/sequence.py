@@ -63,6 +63,8 @@ class Sequence:
         if (tokens is None) == (count is None):
             raise ValueError("pass exactly one of tokens or count")
         if tokens is None:
+            if isinstance(count, bool):  # True is an int to operator.index, not a count
+                raise TypeError("count must be an integer, not a bool")
             return self._manager.append([self._id], [operator.index(count)])
         tokens = index_array(tokens, "tokens")
         return self._manager.append([self._id], [tokens.shape[0]], tokens)
