@@ -74,6 +74,7 @@ SCR_SIZE = 16
 # per field: byte offset, byte size, item size, first and second dimension (0 for 1-D fields).
 # A shape names its dimensions; ``new_state`` / ``new_scratch`` give them values.
 HEADER_SLOTS = 5
+H_OFFSET, H_NBYTES, H_ITEMSIZE, H_DIM0, H_DIM1 = range(HEADER_SLOTS)  # a field's header slots
 MAX_FIELDS = 40
 HEADER_BYTES = 8 * HEADER_SLOTS * MAX_FIELDS
 _ALIGN = 64
@@ -211,14 +212,10 @@ def _arena(fields: tuple[Field, ...], dims: dict[str, int]) -> tuple[np.ndarray,
         shape = tuple(dims[d] for d in f.dims)
         itemsize = np.dtype(f.dtype).itemsize
         nbytes = itemsize * math.prod(shape)
-        second = shape[1] if len(shape) == 2 else 0
-        header[HEADER_SLOTS * i : HEADER_SLOTS * (i + 1)] = (
-            offset,
-            nbytes,
-            itemsize,
-            shape[0],
-            second,
-        )
+        entry = header[HEADER_SLOTS * i : HEADER_SLOTS * (i + 1)]
+        entry[H_OFFSET], entry[H_NBYTES], entry[H_ITEMSIZE] = offset, nbytes, itemsize
+        entry[H_DIM0] = shape[0]
+        entry[H_DIM1] = shape[1] if len(shape) == 2 else 0
         views[f.name] = arena[offset : offset + nbytes].view(f.dtype).reshape(shape)
         offset += -(-nbytes // _ALIGN) * _ALIGN
     return arena, views

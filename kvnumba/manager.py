@@ -351,7 +351,8 @@ class BlockManager(PagedCalls):
         InvalidSequence, SequenceReleased, SequenceTooLong
             For a bad id or a sequence that would exceed ``max_seq_len``.
         ValueError, TypeError
-            For malformed input. Nothing is changed by any failed call.        CallbackError
+            For malformed input. Nothing is changed by any failed call.
+        CallbackError
             If a callback raised after the call committed; ``.result`` is the result.
         """
         # The hot path: int64 vectors are passed through without a call (see index_array).
@@ -417,7 +418,8 @@ class BlockManager(PagedCalls):
         PoolExhausted
             Atomic mode, when the prompts do not fit.
         SequenceTooLong, TooManySequences, ValueError, TypeError
-            For input that can never be served. Nothing is changed by any failed call.        CallbackError
+            For input that can never be served. Nothing is changed by any failed call.
+        CallbackError
             If a callback raised after the call committed; ``.result`` is the result.
         """
         tokens_in = index_array(tokens, "tokens")

@@ -3,7 +3,7 @@
 import numpy as np
 from numba import njit
 
-from kvnumba._kernels.blocks import register_full_block, take_block
+from kvnumba._kernels.blocks import hand_out, register_full_block, take_block
 from kvnumba._kernels.geometry import blocks_of, div_block, mod_block
 from kvnumba._kernels.paging import free_now
 from kvnumba._kernels.prefix import table_purge_evicted
@@ -188,10 +188,7 @@ def append_in_block(v, slot, count, src, src_offset, has_tokens, slot_mapping, o
             return False
         b = v.free_stack[top - 1]
         meta[M_FREE_TOP] = top - 1
-        v.ref[b] = 1
-        v.block_flags[b] = F_KNOWN if has_tokens else 0
-        meta[M_USED] += 1
-        meta[M_ALLOCATIONS] += 1
+        hand_out(v, b, F_KNOWN if has_tokens else 0)
         v.seq_table[slot, pos] = b
     else:
         b = v.seq_table[slot, pos]

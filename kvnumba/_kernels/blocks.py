@@ -83,6 +83,15 @@ def take_reclaimed(v):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def hand_out(v, b, flags):
+    """Block ``b``, just taken, gets its first reference and ``flags``; counted."""
+    v.ref[b] = 1
+    v.block_flags[b] = flags
+    v.meta[M_USED] += 1
+    v.meta[M_ALLOCATIONS] += 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def take_block(v):
     """Hand out one block with refcount 1: the free stack's top, else :func:`take_reclaimed`.
 
@@ -102,10 +111,7 @@ def take_block(v):
     if logging:
         log_write(v, FIELD.ref, b, v.ref[b])
         log_write(v, FIELD.block_flags, b, v.block_flags[b])
-    v.ref[b] = 1
-    v.block_flags[b] = F_KNOWN
-    meta[M_USED] += 1
-    meta[M_ALLOCATIONS] += 1
+    hand_out(v, b, F_KNOWN)
     return b
 
 
@@ -163,7 +169,7 @@ def register_full_block(v, b, parent_block, salt):
         return
     h = chain_hash(parent, salt, v.tokens[b], v.meta[M_HASH_BITS])
     # The hash is logged as the int64 with the same bits (the rollback writes bytes back).
-    set_logged(v, v.block_hash.view(np.int64), FIELD.block_hash, b, np.int64(0))
+    log_write(v, FIELD.block_hash, b, v.block_hash.view(np.int64)[b])
     v.block_hash[b] = h
     set_logged(v, v.block_salt, FIELD.block_salt, b, salt)
     new_flags = flags[b] | F_HASHED

@@ -10,15 +10,14 @@ from numba import njit
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.pool import O_CLIENT, O_VIRTUAL, pool_views
 from kvnumba._kernels.prefix import chain_hash, root_hash
-from kvnumba._kernels.views import views
+from kvnumba._kernels.views import header_entry, views
 from kvnumba._state import (
     EMPTY,
     F_HASHED,
     F_KNOWN,
     F_REGISTERED,
     FIELD,
-    HEADER_BYTES,
-    HEADER_SLOTS,
+    H_DIM0,
     M_BUCKET_MIN,
     M_CACHED,
     M_CLIENT,
@@ -389,9 +388,10 @@ def check_state(arena, scratch, pool, counts, seen, marks):
 @njit(cache=True)
 def check(arena, scratch, pool):
     """Allocate the work arrays of :func:`check_state` and run it."""
-    h = arena[:HEADER_BYTES].view(np.int64)
-    blocks = h[HEADER_SLOTS * FIELD.ref + 3]
-    rows = max(h[HEADER_SLOTS * FIELD.seq_len + 3], h[HEADER_SLOTS * FIELD.page_phys + 3])
+    blocks = header_entry(arena, FIELD.ref, H_DIM0)
+    rows = max(
+        header_entry(arena, FIELD.seq_len, H_DIM0), header_entry(arena, FIELD.page_phys, H_DIM0)
+    )
     counts = np.empty(blocks, dtype=np.int64)
     seen = np.empty(blocks, dtype=np.uint8)
     marks = np.empty(rows, dtype=np.uint8)

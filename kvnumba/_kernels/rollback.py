@@ -10,10 +10,9 @@ from numba import njit
 
 from kvnumba._kernels.pool import pool_give, pool_take, pool_views
 from kvnumba._kernels.undo import U_POOL_FREE, U_POOL_GIVE, U_POOL_HEAD, U_POOL_TAKE, U_TOKROW
-from kvnumba._kernels.views import views
+from kvnumba._kernels.views import field_bytes, header_entry, views
 from kvnumba._state import (
-    HEADER_BYTES,
-    HEADER_SLOTS,
+    H_ITEMSIZE,
     M_CLIENT,
     S_EV_N,
     S_LOG_N,
@@ -26,10 +25,8 @@ from kvnumba._state import (
 @njit(cache=True, _nrt=False, inline="always")
 def restore_element(arena, code, i, old):
     """Write ``old`` back into element ``i`` (flat index) of state field ``code``."""
-    header = arena[:HEADER_BYTES].view(np.int64)
-    offset = header[HEADER_SLOTS * code]
-    data = arena[offset : offset + header[HEADER_SLOTS * code + 1]]
-    itemsize = header[HEADER_SLOTS * code + 2]
+    data = field_bytes(arena, code)
+    itemsize = header_entry(arena, code, H_ITEMSIZE)
     if itemsize == 8:
         data.view(np.int64)[i] = old
     elif itemsize == 4:

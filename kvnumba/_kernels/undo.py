@@ -35,16 +35,16 @@ _PER_PAGE = 16
 
 
 # One compiled body for every call site: an explicit signature, so that constant codes do not
-# make numba compile a version per code; LLVM inlines it into its callers.
+# make numba compile a version per code. Reached only in logged calls (log_write tests the
+# switch inline), so it stays off the hot path whether or not LLVM inlines it.
 @njit(void(int64[:, ::1], int64[::1], int64, int64, int64), cache=True, _nrt=False)
 def append_entry(ulog, scr, code, index, old):
-    """Append ``(code, index, old)`` to the undo log if the current call is logged."""
-    if scr[S_LOG_ON] != 0:
-        n = scr[S_LOG_N]
-        ulog[n, 0] = code
-        ulog[n, 1] = index
-        ulog[n, 2] = old
-        scr[S_LOG_N] = n + 1
+    """Append ``(code, index, old)`` to the undo log (the caller checked it is on)."""
+    n = scr[S_LOG_N]
+    ulog[n, 0] = code
+    ulog[n, 1] = index
+    ulog[n, 2] = old
+    scr[S_LOG_N] = n + 1
 
 
 @njit(cache=True, _nrt=False, inline="always")

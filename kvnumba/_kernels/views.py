@@ -24,7 +24,16 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from kvnumba._state import HEADER_BYTES, HEADER_SLOTS, SCRATCH_FIELDS, STATE_FIELDS
+from kvnumba._state import (
+    H_DIM0,
+    H_DIM1,
+    H_NBYTES,
+    H_OFFSET,
+    HEADER_BYTES,
+    HEADER_SLOTS,
+    SCRATCH_FIELDS,
+    STATE_FIELDS,
+)
 
 Views = NamedTuple(
     "Views",
@@ -45,10 +54,11 @@ def _carve(prefix: str, header: str, fields, i: int) -> str:
     f = fields[i]
     dtype = np.dtype(f.dtype)
     at = HEADER_SLOTS * i
+    offset, nbytes = f"{header}[{at + H_OFFSET}]", f"{header}[{at + H_NBYTES}]"
     shift = f" >> {_SHIFT[dtype.itemsize]}" if dtype.itemsize > 1 else ""
-    expr = f"{prefix}_{dtype.name}[{header}[{at}]{shift} : ({header}[{at}] + {header}[{at + 1}]){shift}]"
+    expr = f"{prefix}_{dtype.name}[{offset}{shift} : ({offset} + {nbytes}){shift}]"
     if len(f.dims) == 2:
-        expr += f".reshape(({header}[{at + 3}], {header}[{at + 4}]))"
+        expr += f".reshape(({header}[{at + H_DIM0}], {header}[{at + H_DIM1}]))"
     return f"        {expr},  # {f.name}"
 
 
@@ -99,6 +109,20 @@ def generate() -> str:
     return "\n".join(lines)
 
 
+@njit(cache=True, inline="always")
+def header_entry(arena, i, slot):
+    """Slot ``slot`` (``H_OFFSET``, ``H_NBYTES``, ...) of field ``i``'s entry in the header."""
+    return arena[:HEADER_BYTES].view(np.int64)[HEADER_SLOTS * i + slot]
+
+
+@njit(cache=True, inline="always")
+def field_bytes(arena, i):
+    """The bytes of field ``i`` of ``arena``, as a uint8 view (for the few kernels that need one
+    field by its index rather than all of them by name)."""
+    offset = header_entry(arena, i, H_OFFSET)
+    return arena[offset : offset + header_entry(arena, i, H_NBYTES)]
+
+
 _SLOTS = [f.name for f in SCRATCH_FIELDS].index("slots")
 
 
@@ -109,9 +133,7 @@ def scratch_slots(scratch):
     A call with more than ``max_seqs`` ids repeats one or names an unknown one, and validation
     stops there before writing past ``max_seqs`` entries.
     """
-    g = scratch[:HEADER_BYTES].view(np.int64)
-    offset = g[HEADER_SLOTS * _SLOTS]
-    return scratch[offset : offset + g[HEADER_SLOTS * _SLOTS + 1]].view(np.int64)
+    return field_bytes(scratch, _SLOTS).view(np.int64)
 
 
 if __name__ == "__main__":
