@@ -84,9 +84,9 @@ def _announce() -> None:
     if not _announced:
         _announced = True
         log.warning(
-            "kvnumba: compiling kernels for this machine (first use: a few seconds per kernel, "
-            "about a minute of CPU for all of them; cached afterwards, and `kvnumba compile` "
-            "does it ahead of time)"
+            "kvnumba: compiling kernels for this machine (first use: about a second per kernel, "
+            "a few for append and admit, under 20 s of CPU for all of them; cached afterwards, "
+            "and `kvnumba compile` does it ahead of time)"
         )
 
 
@@ -124,7 +124,7 @@ def prepare(names=PLAIN, stream=None) -> None:
         _announced = True  # said here, not again through logging
         print(
             f"kvnumba: compiling {len(missing)} kernels for this machine (first run only, "
-            "about a minute of CPU; `kvnumba compile` does it ahead of time) ...",
+            "under 20 s of CPU; `kvnumba compile` does it ahead of time) ...",
             file=stream,
             flush=True,
         )

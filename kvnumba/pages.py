@@ -561,7 +561,8 @@ class PagePool:
             If fewer pages are free than requested (``needed``, ``available`` in pages); nothing
             changed.
         ValueError
-            For an unknown client or a negative virtual id.        CallbackError
+            For an unknown client or a negative virtual id.
+        CallbackError
             If ``on_map`` raised; the pages are mapped and ``.result`` holds them.
         """
         client = self._client(client)
@@ -600,7 +601,8 @@ class PagePool:
         Raises
         ------
         ValueError
-            For an unknown client, an out-of-range, duplicate or foreign page; nothing changed.        CallbackError
+            For an unknown client, an out-of-range, duplicate or foreign page; nothing changed.
+        CallbackError
             If ``on_unmap`` raised; the pages are given back and ``.result`` holds the virtual
             pages.
         """

@@ -137,6 +137,12 @@ def _logged_write(arena, scratch, code, index, value):
 
 
 @njit(_nrt=False)
+def _rollback(arena, scratch, pool):
+    # Helpers have no Python wrapper (see kvnumba._kernels.jit): reached through a driver.
+    rollback(arena, scratch, pool)
+
+
+@njit(_nrt=False)
 def _log_entry(arena, scratch, code, index, old):
     v = views(arena, scratch, scratch)
     log_write(v, code, index, old)
@@ -279,7 +285,7 @@ def test_prefix_table_against_dict_model(seed):
             for b, h in fresh:
                 if b not in model.live and model.content_of((h, 0, (7, 7))) == NIL:
                     model.insert(b, h, 0, (7, 7), write=False)
-            rollback(mgr._arena, mgr._scratch, mgr._scratch)
+            _rollback(mgr._arena, mgr._scratch, mgr._scratch)
             assert mgr._x["scr"][S_EV_N] == 0
             model.live, model.marks = saved
             assert mgr._arena.tobytes() == before.tobytes()
@@ -382,7 +388,7 @@ def test_list_helpers_against_python_list(tailed):
                 assert x["scr"][S_LOG_N] - logged == (p != NIL) + (q != NIL)
             for b in [b for b in range(n) if b not in model][:3]:
                 _list_op(mgr._arena, mgr._scratch, 0, b, tailed)
-            rollback(mgr._arena, mgr._scratch, mgr._scratch)
+            _rollback(mgr._arena, mgr._scratch, mgr._scratch)
             model = saved
             assert mgr._arena.tobytes() == before.tobytes()
             _check_list(mgr, model, tailed)
@@ -466,7 +472,7 @@ def test_rollback_restores_each_logged_field(name):
     assert flat[i].item() == (old_i + 5) % 2 ** (8 * field.dtype.itemsize)
     assert flat[j].item() != old_j
     mgr._s.meta[M_USED] += 9  # meta needs no entries: it is saved whole
-    rollback(mgr._arena, mgr._scratch, mgr._pool.arena)
+    _rollback(mgr._arena, mgr._scratch, mgr._pool.arena)
     assert mgr._x["scr"][S_LOG_ON] == 0 and mgr._x["scr"][S_LOG_N] == 0
     assert np.array_equal(mgr._s.meta, meta_before)
     assert mgr._arena.tobytes() == before.tobytes()
@@ -486,7 +492,7 @@ def test_rollback_restores_token_rows(row):
         mgr._x["ev_tok"][row] = tokens[b]
     _log_entry(mgr._arena, mgr._scratch, U_TOKROW, b, row)
     tokens[b] = -1 if row >= 0 else 42
-    rollback(mgr._arena, mgr._scratch, mgr._pool.arena)
+    _rollback(mgr._arena, mgr._scratch, mgr._pool.arena)
     assert mgr._arena.tobytes() == before.tobytes()
 
 

@@ -250,19 +250,32 @@ def test_take_give_reverse_order_is_byte_identical():
     pool.check()
 
 
-def test_take_give_from_python_and_tick():
+@njit(_nrt=False)
+def _pool_call(arena, op, me, x):
+    """One helper call on a pool arena: take for virtual page ``x``, give page ``x``, or tick.
+    (Helpers have no Python wrapper, see ``kvnumba._kernels.jit``: tests reach them here.)"""
+    head, free, owner = K.pool_views(arena)
+    if op == 0:
+        return K.pool_take(head, free, owner, me, x)
+    if op == 1:
+        K.pool_give(head, free, owner, x)
+        return -1
+    return K.pool_tick(head)
+
+
+def test_take_give_one_by_one_and_tick():
     pool = PagePool(3)
     a = pool.register_client()
-    head, free, owner = K.views_of(pool.arena)
     before = pool.snapshot()
     me = pool.identity(a)
-    p = K.pool_take(head, free, owner, me, 7)
-    q = K.pool_take(head, free, owner, me, 8)
+    p = _pool_call(pool.arena, 0, me, 7)
+    q = _pool_call(pool.arena, 0, me, 8)
     assert (p, q) == (0, 1) and pool.num_free == 1
-    K.pool_give(head, free, owner, q)
-    K.pool_give(head, free, owner, p)
+    _pool_call(pool.arena, 1, me, q)
+    _pool_call(pool.arena, 1, me, p)
     same(before, pool.snapshot())
-    assert K.pool_tick(head) == 1 and K.pool_tick(head) == 2 and pool.clock == 2
+    ticks = [_pool_call(pool.arena, 2, me, 0) for _ in range(2)]
+    assert ticks == [1, 2] and pool.clock == 2
 
 
 # --- owner records and reclaim --------------------------------------------------------------------

@@ -3,68 +3,58 @@
 """
 
 import numpy as np
-from numba import njit
 
+from kvnumba._kernels.carve import carve
+from kvnumba._kernels.jit import inlined
 from kvnumba._kernels.views import Views
 
 
-@njit(cache=True, _nrt=False)
+@inlined
 def views(arena, scratch, pool):
     """Named views of a manager's arenas; ``pool`` is the page pool's arena (for a
     manager without one, any uint8 array: it is never read)."""
-    a_int32 = arena.view(np.int32)
-    a_int64 = arena.view(np.int64)
-    a_uint64 = arena.view(np.uint64)
-    a_uint8 = arena
-    s_int64 = scratch.view(np.int64)
-    s_uint64 = scratch.view(np.uint64)
-    h = a_int64[:200]
-    g = s_int64[:200]
+    h = carve(arena, 0, (200,), np.int64)
+    g = carve(scratch, 0, (200,), np.int64)
     return Views(
-        a_int32[h[0] >> 2 : (h[0] + h[1]) >> 2],  # ref
-        a_int32[h[5] >> 2 : (h[5] + h[6]) >> 2],  # lru_prev
-        a_int32[h[10] >> 2 : (h[10] + h[11]) >> 2],  # lru_next
-        a_int32[h[15] >> 2 : (h[15] + h[16]) >> 2],  # free_stack
-        a_uint64[h[20] >> 3 : (h[20] + h[21]) >> 3],  # block_hash
-        a_int64[h[25] >> 3 : (h[25] + h[26]) >> 3],  # block_salt
-        a_uint8[h[30] : (h[30] + h[31])],  # block_flags
-        a_int64[h[35] >> 3 : (h[35] + h[36]) >> 3].reshape((h[38], h[39])),  # tokens
-        a_int32[h[40] >> 2 : (h[40] + h[41]) >> 2],  # htab
-        a_int32[h[45] >> 2 : (h[45] + h[46]) >> 2].reshape((h[48], h[49])),  # seq_table
-        a_int64[h[50] >> 3 : (h[50] + h[51]) >> 3],  # seq_len
-        a_int64[h[55] >> 3 : (h[55] + h[56]) >> 3],  # seq_gen
-        a_int64[h[60] >> 3 : (h[60] + h[61]) >> 3],  # seq_salt
-        a_uint8[h[65] : (h[65] + h[66])],  # seq_live
-        a_int32[h[70] >> 2 : (h[70] + h[71]) >> 2],  # slot_stack
-        a_int64[h[75] >> 3 : (h[75] + h[76]) >> 3],  # meta
-        a_int32[h[80] >> 2 : (h[80] + h[81]) >> 2],  # page_phys
-        a_int32[h[85] >> 2 : (h[85] + h[86]) >> 2],  # page_free
-        a_int32[h[90] >> 2 : (h[90] + h[91]) >> 2],  # page_used
-        a_int32[h[95] >> 2 : (h[95] + h[96]) >> 2],  # page_head
-        a_int32[h[100] >> 2 : (h[100] + h[101]) >> 2],  # bucket_prev
-        a_int32[h[105] >> 2 : (h[105] + h[106]) >> 2],  # bucket_next
-        a_int32[h[110] >> 2 : (h[110] + h[111]) >> 2],  # co_prev
-        a_int32[h[115] >> 2 : (h[115] + h[116]) >> 2],  # co_next
-        a_int32[h[120] >> 2 : (h[120] + h[121]) >> 2],  # vstack
-        a_int64[h[125] >> 3 : (h[125] + h[126]) >> 3],  # page_stamp
-        a_int32[h[130] >> 2 : (h[130] + h[131]) >> 2],  # block_next
-        a_int32[h[135] >> 2 : (h[135] + h[136]) >> 2],  # buckets
-        s_int64[g[0] >> 3 : (g[0] + g[1]) >> 3].reshape((g[3], g[4])),  # ulog
-        s_int64[g[5] >> 3 : (g[5] + g[6]) >> 3],  # ev_ids
-        s_uint64[g[10] >> 3 : (g[10] + g[11]) >> 3],  # ev_hash
-        s_int64[g[15] >> 3 : (g[15] + g[16]) >> 3].reshape((g[18], g[19])),  # ev_tok
-        s_int64[g[20] >> 3 : (g[20] + g[21]) >> 3],  # seq_mark
-        s_int64[g[25] >> 3 : (g[25] + g[26]) >> 3],  # scr
-        s_int64[g[30] >> 3 : (g[30] + g[31]) >> 3],  # meta_save
-        s_int64[g[35] >> 3 : (g[35] + g[36]) >> 3].reshape((g[38], g[39])),  # map_rec
-        s_int64[g[40] >> 3 : (g[40] + g[41]) >> 3].reshape((g[43], g[44])),  # unmap_rec
-        s_int64[g[45] >> 3 : (g[45] + g[46]) >> 3],  # slots
+        carve(arena, h[0], (h[1] >> 2,), np.int32),  # ref
+        carve(arena, h[5], (h[6] >> 2,), np.int32),  # lru_prev
+        carve(arena, h[10], (h[11] >> 2,), np.int32),  # lru_next
+        carve(arena, h[15], (h[16] >> 2,), np.int32),  # free_stack
+        carve(arena, h[20], (h[21] >> 3,), np.uint64),  # block_hash
+        carve(arena, h[25], (h[26] >> 3,), np.int64),  # block_salt
+        carve(arena, h[30], (h[31],), np.uint8),  # block_flags
+        carve(arena, h[35], (h[38], h[39]), np.int64),  # tokens
+        carve(arena, h[40], (h[41] >> 2,), np.int32),  # htab
+        carve(arena, h[45], (h[48], h[49]), np.int32),  # seq_table
+        carve(arena, h[50], (h[51] >> 3,), np.int64),  # seq_len
+        carve(arena, h[55], (h[56] >> 3,), np.int64),  # seq_gen
+        carve(arena, h[60], (h[61] >> 3,), np.int64),  # seq_salt
+        carve(arena, h[65], (h[66],), np.uint8),  # seq_live
+        carve(arena, h[70], (h[71] >> 2,), np.int32),  # slot_stack
+        carve(arena, h[75], (h[76] >> 3,), np.int64),  # meta
+        carve(arena, h[80], (h[81] >> 2,), np.int32),  # page_phys
+        carve(arena, h[85], (h[86] >> 2,), np.int32),  # page_free
+        carve(arena, h[90], (h[91] >> 2,), np.int32),  # page_used
+        carve(arena, h[95], (h[96] >> 2,), np.int32),  # page_head
+        carve(arena, h[100], (h[101] >> 2,), np.int32),  # bucket_prev
+        carve(arena, h[105], (h[106] >> 2,), np.int32),  # bucket_next
+        carve(arena, h[110], (h[111] >> 2,), np.int32),  # co_prev
+        carve(arena, h[115], (h[116] >> 2,), np.int32),  # co_next
+        carve(arena, h[120], (h[121] >> 2,), np.int32),  # vstack
+        carve(arena, h[125], (h[126] >> 3,), np.int64),  # page_stamp
+        carve(arena, h[130], (h[131] >> 2,), np.int32),  # block_next
+        carve(arena, h[135], (h[136] >> 2,), np.int32),  # buckets
+        carve(scratch, g[0], (g[3], g[4]), np.int64),  # ulog
+        carve(scratch, g[5], (g[6] >> 3,), np.int64),  # ev_ids
+        carve(scratch, g[10], (g[11] >> 3,), np.uint64),  # ev_hash
+        carve(scratch, g[15], (g[18], g[19]), np.int64),  # ev_tok
+        carve(scratch, g[20], (g[21] >> 3,), np.int64),  # seq_mark
+        carve(scratch, g[25], (g[26] >> 3,), np.int64),  # scr
+        carve(scratch, g[30], (g[31] >> 3,), np.int64),  # meta_save
+        carve(scratch, g[35], (g[38], g[39]), np.int64),  # map_rec
+        carve(scratch, g[40], (g[43], g[44]), np.int64),  # unmap_rec
+        carve(scratch, g[45], (g[46] >> 3,), np.int64),  # slots
         arena,
         scratch,
         pool,
     )
-
-
-# The same, inlined at numba's IR level: for the few hot workers that run it once per
-# call, where an out-of-line call returning forty views costs about 100 ns.
-views_inline = njit(cache=True, _nrt=False, inline="always")(getattr(views, "py_func", views))

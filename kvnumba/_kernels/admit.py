@@ -1,11 +1,11 @@
 """Admitting prompts: longest cached prefix first, then the rest appended like ``append``."""
 
 import numpy as np
-from numba import njit
 
 from kvnumba._kernels.append import append_general
 from kvnumba._kernels.blocks import claim_cached
 from kvnumba._kernels.geometry import blocks_of
+from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.paging import free_now
 from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
 from kvnumba._kernels.rollback import rollback
@@ -43,7 +43,7 @@ from kvnumba.errors import (
 )
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def lookup_prefix(v, prompt, salt, hits):
     """Registered blocks matching the prompt's leading full blocks, in order, into ``hits``.
 
@@ -71,7 +71,7 @@ def lookup_prefix(v, prompt, salt, hits):
     return num_hits, num_cached
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def validate_admit(tokens_in, lengths, salts, arena, scratch):
     """Check an admit request; returns (status, bad, total tokens, total blocks, most blocks).
 
@@ -111,7 +111,7 @@ def validate_admit(tokens_in, lengths, salts, arena, scratch):
     return ST_OK, -1, total, bound, longest
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def run_admit(
     tokens_in, lengths, salts, atomic, bound, ids, num_cached_tokens, slot_mapping, ok, hits,
     no_pairs, arena, scratch, pool,

@@ -1,15 +1,15 @@
 """Growing sequences: partial-tail filling, copy-on-write of a shared partial tail, new blocks."""
 
 import numpy as np
-from numba import njit
 
 from kvnumba._kernels.blocks import hand_out, register_full_block, take_block
 from kvnumba._kernels.geometry import blocks_of, div_block, mod_block
+from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.paging import free_now
 from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import log_write, set_logged
-from kvnumba._kernels.views import views, views_inline
+from kvnumba._kernels.views import views
 from kvnumba._state import (
     F_KNOWN,
     FIELD,
@@ -40,7 +40,7 @@ from kvnumba.errors import (
 )
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def blocks_needed(slot, count, ref, block_size, seq_table, seq_len):
     """Blocks that appending ``count`` tokens to ``slot`` takes: new blocks plus a COW block."""
     if count == 0:
@@ -55,7 +55,7 @@ def blocks_needed(slot, count, ref, block_size, seq_table, seq_len):
     return need
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def copy_on_write(v, slot, pos):
     """Give ``slot`` a private copy of its shared partial tail block at ``pos``; returns the
     copy. Once per sequence and call at most, so out of line."""
@@ -74,7 +74,7 @@ def copy_on_write(v, slot, pos):
     return copy
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def append_tokens(
     v, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset, cow_src, cow_dst, num_cow
 ):
@@ -151,21 +151,21 @@ def append_tokens(
     return num_cow
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def append_general(
     arena, scratch, pool, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset,
     cow_src, cow_dst, num_cow,
 ):  # fmt: skip
     """:func:`append_tokens`, compiled once and shared by ``append`` and ``admit``: every
     case (several blocks, copy-on-write, registration, eviction, pages, the undo log)."""
-    v = views_inline(arena, scratch, pool)
+    v = views(arena, scratch, pool)
     return append_tokens(
         v, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset, cow_src, cow_dst,
         num_cow,
     )  # fmt: skip
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def append_in_block(v, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset):
     """The common case of a decode step, inline: all ``count`` tokens go into the sequence's
     unshared tail block, or into one block off the free stack. Returns False, having changed
@@ -206,7 +206,7 @@ def append_in_block(v, slot, count, src, src_offset, has_tokens, slot_mapping, o
     return True
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def validate_growth(v, ids, counts, tokens_in, has_tokens, slots):
     """Check an append request, writing each id's slot; returns (status, bad index, tokens).
 
@@ -250,7 +250,7 @@ def validate_growth(v, ids, counts, tokens_in, has_tokens, slots):
     return ST_OK, -1, total
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def total_need(v, slots, counts, dropped):
     """Blocks an append of all ``slots``, served in order, takes.
 
@@ -277,7 +277,7 @@ def total_need(v, slots, counts, dropped):
     return needed
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def append_need(ids, counts, slots, dropped, arena, scratch, pool):
     """``can_append``: validate like ``append``, then the blocks an atomic append takes and
     what is available now; returns (status, bad index, needed, available)."""
@@ -288,7 +288,7 @@ def append_need(ids, counts, slots, dropped, arena, scratch, pool):
     return ST_OK, -1, total_need(v, slots, counts, dropped), free_now(v) + v.meta[M_CACHED]
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def run_append(
     ids, counts, tokens_in, has_tokens, atomic, slots, slot_mapping, cow_src, cow_dst, ok, arena,
     scratch, pool,
@@ -299,7 +299,7 @@ def run_append(
     ``slot_mapping`` is written (-1 for a sequence that did not fit); ``cow_src`` doubles as the
     record of simulated refcount drops before it receives the copy pairs.
     """
-    v = views_inline(arena, scratch, pool)
+    v = views(arena, scratch, pool)
     status, bad, _ = validate_growth(v, ids, counts, tokens_in, has_tokens, slots)
     if status != ST_OK:
         return status, bad, 0, 0, 0

@@ -1,16 +1,17 @@
 """Taking, releasing and registering single blocks: the O(1) steps every call is made of.
 
 Everything that can run once per block (pop the free stack, evict the LRU head, drop a
-reference, hash and register a full block, claim a cached hit) is inlined at numba's IR level
-into the few workers that use it: out of line, passing the views cost about 200 ns per block.
-The page bookkeeping these steps reach (taking from a page, returning a block to it) runs once
-per page event at most and is compiled once, out of line (:mod:`.paging`). The inlined
-copies are few because ``append`` and ``admit`` share one compiled ``append_general``.
+reference, hash and register a full block, claim a cached hit) is an :func:`.inlined` helper:
+after LLVM inlines it, the views it takes are registers again (out of line, passing forty views
+cost about 200 ns per block). The page bookkeeping these steps reach (taking from a page,
+returning a block to it) runs once per page event at most and is compiled once, out of line
+(:mod:`.paging`).
 """
 
 import numpy as np
-from numba import njit
+from numba import int64, void
 
+from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.links import lru_push_tail, lru_unlink
 from kvnumba._kernels.paging import cache_in_page, free_in_page, page_gain_ref, take_from_pages
 from kvnumba._kernels.prefix import (
@@ -21,6 +22,7 @@ from kvnumba._kernels.prefix import (
     table_mark_evicted,
 )
 from kvnumba._kernels.undo import U_TOKROW, log_write, set_logged
+from kvnumba._kernels.views import VIEWS
 from kvnumba._state import (
     F_HASHED,
     F_KNOWN,
@@ -41,7 +43,7 @@ from kvnumba._state import (
 )
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def evict_block(v, b):
     """Reclaim cached block ``b``: off the LRU list, its table entry marked, payload recorded
     for ``on_evict`` and scrubbed. The caller sets its refcount and flags."""
@@ -60,13 +62,12 @@ def evict_block(v, b):
     v.meta[M_EVICTIONS] += 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def take_reclaimed(v):
     """A block when the free stack is empty: from the pages (with a page pool), else the LRU
     head, evicted. The caller has checked that one is available.
 
-    Inlined: an out-of-line call per evicted block measured about 200 ns (carving the views
-    again); the page code it reaches is out of line.
+    Inlined: it runs once per evicted block; the page code it reaches is out of line.
     """
     b = NIL
     paged = v.meta[M_PAGE_K] != 0
@@ -82,7 +83,7 @@ def take_reclaimed(v):
     return b
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined(void(VIEWS, int64, int64))
 def hand_out(v, b, flags):
     """Block ``b``, just taken, gets its first reference and ``flags``; counted."""
     v.ref[b] = 1
@@ -91,7 +92,7 @@ def hand_out(v, b, flags):
     v.meta[M_ALLOCATIONS] += 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def take_block(v):
     """Hand out one block with refcount 1: the free stack's top, else :func:`take_reclaimed`.
 
@@ -115,7 +116,7 @@ def take_block(v):
     return b
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def return_to_page(v, b, cached):
     """Page bookkeeping of block ``b`` that just lost its last reference: cached (on the LRU
     list already) or freed (scrubbed, back on its page's free list)."""
@@ -125,7 +126,7 @@ def return_to_page(v, b, cached):
         free_in_page(v, b)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def drop_ref(v, b):
     """Drop one reference; at zero a registered block is cached, any other block freed.
 
@@ -151,7 +152,7 @@ def drop_ref(v, b):
             meta[M_FREE_TOP] = top + 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def register_full_block(v, b, parent_block, salt):
     """Hash a block that just became full and register it unless an equal block is registered.
 
@@ -179,7 +180,7 @@ def register_full_block(v, b, parent_block, salt):
     set_logged(v, flags, FIELD.block_flags, b, new_flags)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def claim_cached(v, b):
     """A prefix hit on cached block ``b`` (refcount 0): off the LRU list, in use again; the
     caller adds the reference."""

@@ -8,6 +8,7 @@ import numpy as np
 from numba import njit
 
 from kvnumba._kernels.geometry import blocks_of
+from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.pool import O_CLIENT, O_VIRTUAL, pool_views
 from kvnumba._kernels.prefix import chain_hash, root_hash
 from kvnumba._kernels.views import header_entry, views
@@ -107,7 +108,7 @@ MESSAGES = {
 }
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def check_pages(seen, marks, arena, scratch, pool):
     """Check the page structures of a manager on a page pool; mark its free blocks ``seen``."""
     st = views(arena, scratch, pool)
@@ -231,7 +232,7 @@ def check_pages(seen, marks, arena, scratch, pool):
     return 0, 0, 0
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def check_state(arena, scratch, pool, counts, seen, marks):
     """Return ``(0, 0, 0)`` if the state is consistent, else the first violation.
 

@@ -10,6 +10,7 @@ from numba import njit
 
 from kvnumba._kernels.admit import run_admit, validate_admit
 from kvnumba._kernels.append import append_need, run_append
+from kvnumba._kernels.carve import carve
 from kvnumba._kernels.check import check
 from kvnumba._kernels.sequences import (
     fill_lens,
@@ -37,13 +38,13 @@ def _append_results(n, total):
     """An append's result arrays, carved out of one allocation: slot_mapping, cow_src, cow_dst,
     ok (cleared). One allocation instead of four saves about 50 ns of a one-sequence call."""
     buffer = np.empty(8 * total + 9 * n, dtype=np.uint8)
-    ok = buffer[8 * total + 8 * n :].view(np.bool_)
+    ok = carve(buffer, 8 * total + 8 * n, (n,), np.bool_)
     for i in range(n):
         ok[i] = False
     return (
-        buffer[: 8 * total].view(np.int64),
-        buffer[8 * total : 8 * total + 4 * n].view(np.int32),
-        buffer[8 * total + 4 * n : 8 * total + 8 * n].view(np.int32),
+        carve(buffer, 0, (total,), np.int64),
+        carve(buffer, 8 * total, (n,), np.int32),
+        carve(buffer, 8 * total + 4 * n, (n,), np.int32),
         ok,
     )
 

@@ -4,7 +4,9 @@ Block sizes are almost always powers of two; then a shift and a mask replace a 6
 which costs tens of cycles and sits on the per-sequence path of every call.
 """
 
-from numba import config, njit
+from numba import config
+
+from kvnumba._kernels.jit import inlined
 
 if config.DISABLE_JIT:  # the intrinsic exists only in compiled code (coverage runs)
 
@@ -16,7 +18,7 @@ else:
     from numba.cpython.unsafe.numbers import trailing_zeros
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def div_block(x, block_size):
     """``x // block_size`` for ``x >= 0``."""
     if block_size & (block_size - 1) == 0:
@@ -24,7 +26,7 @@ def div_block(x, block_size):
     return x // block_size
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def mod_block(x, block_size):
     """``x % block_size`` for ``x >= 0``."""
     if block_size & (block_size - 1) == 0:
@@ -32,7 +34,7 @@ def mod_block(x, block_size):
     return x % block_size
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def blocks_of(length, block_size):
     """Blocks that hold ``length`` tokens."""
     return div_block(length + block_size - 1, block_size)

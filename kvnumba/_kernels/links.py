@@ -15,9 +15,11 @@ The lists:
   ``co_next``, ends in ``meta``), oldest stamp first.
 """
 
-from numba import njit
+from numba import int64, types, void
 
+from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.undo import NOT_LOGGED, log_write, set_logged
+from kvnumba._kernels.views import VIEWS, array_type
 from kvnumba._state import (
     FIELD,
     M_BUCKET_MIN,
@@ -30,15 +32,20 @@ from kvnumba._state import (
     NIL,
 )
 
+_I32, _I64 = array_type("int32"), array_type("int64")
+_CODES = types.UniTuple(int64, 2)
+# Explicit signatures (see .jit): ends are ``meta`` (int64) or the page buckets (int32).
+_ENDS = (_I64, _I32)
 
-@njit(cache=True, _nrt=False, inline="always")
+
+@inlined([void(VIEWS, ends, int64, int64, int64) for ends in _ENDS])
 def _set_end(v, ends, ends_code, i, value):
     if ends_code != NOT_LOGGED:
         log_write(v, ends_code, i, ends[i])
     ends[i] = value
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined([void(VIEWS, int64, _I32, _I32, _CODES, ends, int64, int64, int64) for ends in _ENDS])
 def list_unlink(v, node, prev, nxt, codes, ends, ends_code, head_i, tail_i):
     """Remove ``node`` from its list (O(1)); ``codes`` = undo codes of ``(prev, nxt)``;
     ``tail_i < 0`` for a list without a tail."""
@@ -54,7 +61,7 @@ def list_unlink(v, node, prev, nxt, codes, ends, ends_code, head_i, tail_i):
         _set_end(v, ends, ends_code, tail_i, p)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined(void(VIEWS, int64, _I32, _I32, _CODES, _I64, int64, int64, int64))
 def list_push_back(v, node, prev, nxt, codes, ends, ends_code, head_i, tail_i):
     """Append ``node`` at the tail (O(1))."""
     t = ends[tail_i]
@@ -67,7 +74,7 @@ def list_push_back(v, node, prev, nxt, codes, ends, ends_code, head_i, tail_i):
     _set_end(v, ends, ends_code, tail_i, node)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined([void(VIEWS, int64, _I32, _I32, _CODES, ends, int64, int64) for ends in _ENDS])
 def list_push_front(v, node, prev, nxt, codes, ends, ends_code, head_i):
     """Put ``node`` at the head of a list without a tail (O(1))."""
     front = ends[head_i]
@@ -83,27 +90,27 @@ _BUCKET = (FIELD.bucket_prev, FIELD.bucket_next)
 _CACHE_ONLY = (FIELD.co_prev, FIELD.co_next)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def lru_unlink(v, b):
     """Take cached block ``b`` off the LRU list."""
     list_unlink(v, b, v.lru_prev, v.lru_next, _LRU, v.meta, NOT_LOGGED, M_LRU_HEAD, M_LRU_TAIL)
     v.meta[M_CACHED] -= 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def lru_push_tail(v, b):
     """Append block ``b`` as the most recently released cached block."""
     list_push_back(v, b, v.lru_prev, v.lru_next, _LRU, v.meta, NOT_LOGGED, M_LRU_HEAD, M_LRU_TAIL)
     v.meta[M_CACHED] += 1
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def bucket_unlink(v, page, c):
     """Remove ``page`` from bucket ``c``."""
     list_unlink(v, page, v.bucket_prev, v.bucket_next, _BUCKET, v.buckets, FIELD.buckets, c, -1)
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def bucket_push(v, page, c):
     """Put ``page`` at the front of bucket ``c``."""
     list_push_front(v, page, v.bucket_prev, v.bucket_next, _BUCKET, v.buckets, FIELD.buckets, c)
@@ -111,7 +118,7 @@ def bucket_push(v, page, c):
         v.meta[M_BUCKET_MIN] = c
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def cache_only_unlink(v, page):
     """Take ``page`` off the cache-only list."""
     list_unlink(
@@ -120,7 +127,7 @@ def cache_only_unlink(v, page):
     v.meta[M_CO_COUNT] -= 1
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def cache_only_push(v, page):
     """Append ``page`` to the cache-only list (the caller stamps it)."""
     list_push_back(

@@ -14,8 +14,8 @@ a page, inside the out-of-line helpers of :mod:`.blocks` and :mod:`.trim`.
 """
 
 import numpy as np
-from numba import njit
 
+from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.links import bucket_push, bucket_unlink, cache_only_push, cache_only_unlink
 from kvnumba._kernels.pool import (
     H_FREE_TOP,
@@ -49,7 +49,7 @@ from kvnumba._state import (
 )
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def page_gain_ref(v, page):
     """A block of ``page`` went from refcount 0 to 1."""
     used = v.page_used[page]
@@ -59,7 +59,7 @@ def page_gain_ref(v, page):
     set_logged(v, v.page_used, FIELD.page_used, page, used + 1)
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def _make_cache_only(v, page):
     """``page`` has no referenced block left but cached ones: stamp it with the pool clock."""
     head, _, _ = pool_views(v.pool)
@@ -67,7 +67,7 @@ def _make_cache_only(v, page):
     cache_only_push(v, page)
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def take_from_pages(v):
     """A free block of the fullest mapped page, else the first block of a newly mapped page.
 
@@ -122,7 +122,7 @@ def take_from_pages(v):
     return first
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def unmap_page(v, page):
     """Give ``page`` (no referenced and no cached block left) back to the pool."""
     meta = v.meta
@@ -152,7 +152,7 @@ def unmap_page(v, page):
     v.scr[S_UNMAP_N] = n + 1
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def free_in_page(v, b):
     """Block ``b`` (scrubbed, refcount now 0, not cached) goes back to its page's free list.
 
@@ -179,7 +179,7 @@ def free_in_page(v, b):
         _make_cache_only(v, page)
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def cache_in_page(v, b):
     """Block ``b`` went to the LRU list (cached): its page may become cache-only."""
     page = b // v.meta[M_PAGE_K]
@@ -189,7 +189,7 @@ def cache_in_page(v, b):
         _make_cache_only(v, page)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def free_now(v):
     """Blocks a call can take without evicting: the free stack, or with a page pool the free
     blocks of mapped pages plus whole pages the pool can still map."""

@@ -28,8 +28,11 @@ cross-process lock.
 """
 
 import numpy as np
-from numba import njit
+from numba import int64, njit, void
 
+from kvnumba._kernels.carve import carve
+from kvnumba._kernels.jit import inlined
+from kvnumba._kernels.views import array_type
 from kvnumba.errors import ST_OK, ST_POOL_EXHAUSTED
 
 # --- head slots (int64) ----------------------------------------------------------------------------
@@ -112,29 +115,26 @@ def views_of(arena: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return head, free, owner
 
 
-@njit(cache=True, _nrt=False, inline="always")
+# Inlined at numba's IR level (not by LLVM like the other helpers): returning arrays from a
+# function compiled without NRT to one compiled with it would hand over references never taken.
+@njit(cache=True, inline="always")
 def pool_views(arena):
-    """``(head, free, owner)`` views of a pool arena, for kernels (no copies, no NRT).
-
-    Returning these views to Python from this NRT-free function does not work: Python code uses
-    :func:`views_of`.
-    """
-    head = arena[:HEAD_BYTES].view(np.int64)
+    """``(head, free, owner)`` views of a pool arena, for kernels (no copies). Python code uses
+    :func:`views_of`."""
+    head = carve(arena, 0, (HEAD_BYTES // 8,), np.int64)
     n = head[H_NUM_PAGES]
-    fo = head[H_FREE_OFFSET]
-    oo = head[H_OWNER_OFFSET]
-    free = arena[fo : fo + 8 * n].view(np.int64)
-    owner = arena[oo : oo + 8 * OWNER_COLS * n].view(np.int64).reshape((n, OWNER_COLS))
+    free = carve(arena, head[H_FREE_OFFSET], (n,), np.int64)
+    owner = carve(arena, head[H_OWNER_OFFSET], (n, OWNER_COLS), np.int64)
     return head, free, owner
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def pool_num_free(head):
     """Pages on the free stack."""
     return head[H_FREE_TOP]
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def pool_take(head, free, owner, me, virtual):
     """Map one free physical page to ``virtual`` for the client ``me``; O(1).
 
@@ -170,7 +170,7 @@ def pool_take(head, free, owner, me, virtual):
     return p
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined(void(array_type("int64"), array_type("int64"), array_type("int64", 2), int64))
 def pool_give(head, free, owner, p):
     """Return physical page ``p`` to the free stack and reset its record; O(1).
 
@@ -187,7 +187,7 @@ def pool_give(head, free, owner, p):
     owner[p, O_VIRTUAL] = -1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def pool_tick(head):
     """Advance the pool-wide logical clock and return its new value.
 
@@ -199,13 +199,13 @@ def pool_tick(head):
     return t
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def pool_valid_client(head, client):
     """Whether ``client`` is a token this pool handed out."""
     return client >= 1 and client < head[H_NEXT_CLIENT]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False)  # called by the facade
 def map_pages(arena, me, virtual_ids, out):
     """Map ``len(virtual_ids)`` pages for the client ``me``, all or nothing.
 
@@ -230,7 +230,7 @@ def map_pages(arena, me, virtual_ids, out):
     return ST_OK, -1, available
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False)  # called by the facade
 def unmap_pages(arena, client, physical_ids, out_virtual):
     """Give back ``physical_ids``, which ``client`` must all hold, all or nothing.
 
@@ -274,7 +274,7 @@ def unmap_pages(arena, client, physical_ids, out_virtual):
     return ST_OK, -1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False)  # called by the facade
 def reclaim_pages(arena, dead_pids, dead_starts, out_physical, out_virtual):
     """Free every page whose owner ``(pid, start)`` is listed as dead; returns how many.
 

@@ -8,8 +8,8 @@ rollback restores the table byte for byte.
 """
 
 import numpy as np
-from numba import njit
 
+from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.undo import set_logged
 from kvnumba._state import EMPTY, FIELD, M_REGISTERED, NIL, S_EV_N
 
@@ -20,7 +20,7 @@ _MIX_2 = np.uint64(0x94D049BB133111EB)
 _ONE = np.uint64(1)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def mix64(x):
     """The splitmix64 finalizer: a bijective avalanche mix of a uint64."""
     x = (x ^ (x >> np.uint64(30))) * _MIX_1
@@ -28,13 +28,13 @@ def mix64(x):
     return x ^ (x >> np.uint64(31))
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def root_hash():
     """The parent hash of a sequence's first block."""
     return _ROOT
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def chain_hash(parent, salt, block_tokens, hash_bits):
     """Hash of one full block chained onto its parent's hash.
 
@@ -61,12 +61,12 @@ def chain_hash(parent, salt, block_tokens, hash_bits):
     return h
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def _home(h, mask):
     return np.int64(h & np.uint64(mask))
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def table_find(v, h, salt, probe):
     """Registered block whose hash, salt and stored tokens all equal the query, or NIL.
 
@@ -91,7 +91,7 @@ def table_find(v, h, salt, probe):
         i = (i + 1) & mask
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def table_insert(v, b, h):
     """Register block ``b`` under hash ``h`` (the caller checked that no equal block is)."""
     mask = v.htab.shape[0] - 1
@@ -102,7 +102,7 @@ def table_insert(v, b, h):
     v.meta[M_REGISTERED] += 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def table_mark_evicted(v, b, h, record):
     """Replace block ``b``'s entry by the mark of eviction record ``record``."""
     mask = v.htab.shape[0] - 1
@@ -113,14 +113,14 @@ def table_mark_evicted(v, b, h, record):
     v.meta[M_REGISTERED] -= 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def _entry_home(e, block_hash, ev_hash, mask):
     if e >= 0:
         return _home(block_hash[e], mask)
     return _home(ev_hash[-2 - e], mask)
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def table_purge_evicted(v):
     """Remove the marks of this call's evictions (backward-shift deletion, no tombstones).
 

@@ -6,13 +6,15 @@ through the arena's header, without knowing what the field means.
 """
 
 import numpy as np
-from numba import njit
 
+from kvnumba._kernels.carve import carve
+from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.pool import pool_give, pool_take, pool_views
 from kvnumba._kernels.undo import U_POOL_FREE, U_POOL_GIVE, U_POOL_HEAD, U_POOL_TAKE, U_TOKROW
-from kvnumba._kernels.views import field_bytes, header_entry, views
+from kvnumba._kernels.views import header_entry, views
 from kvnumba._state import (
     H_ITEMSIZE,
+    H_OFFSET,
     M_CLIENT,
     S_EV_N,
     S_LOG_N,
@@ -22,20 +24,20 @@ from kvnumba._state import (
 )
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def restore_element(arena, code, i, old):
     """Write ``old`` back into element ``i`` (flat index) of state field ``code``."""
-    data = field_bytes(arena, code)
+    offset = header_entry(arena, code, H_OFFSET)
     itemsize = header_entry(arena, code, H_ITEMSIZE)
     if itemsize == 8:
-        data.view(np.int64)[i] = old
+        carve(arena, offset + 8 * i, (1,), np.int64)[0] = old
     elif itemsize == 4:
-        data.view(np.int32)[i] = old
+        carve(arena, offset + 4 * i, (1,), np.int32)[0] = old
     else:
-        data[i] = old
+        arena[offset + i] = old
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def rollback(arena, scratch, pool):
     """Replay the undo log backwards and restore ``meta``; ends the logged call.
 

@@ -5,12 +5,13 @@ handed out, so ids are never reused and a stale id is told apart from an unknown
 """
 
 import numpy as np
-from numba import njit
+from numba import int64, types
 
 from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.geometry import blocks_of
+from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.undo import log_write
-from kvnumba._kernels.views import views, views_inline
+from kvnumba._kernels.views import VIEWS, views
 from kvnumba._state import FIELD, M_LIVE_SEQS, M_SLOT_TOP, NIL, S_STAMP, S_UNMAP_N
 from kvnumba.errors import (
     ST_DUPLICATE_ID,
@@ -24,7 +25,7 @@ SLOT_BITS = 32
 SLOT_MASK = (1 << SLOT_BITS) - 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined
 def resolve(seq_id, seq_gen, seq_live):
     """Status and slot of a sequence id (status ST_OK only for a live sequence)."""
     if seq_id < 0:
@@ -41,7 +42,7 @@ def resolve(seq_id, seq_gen, seq_live):
     return ST_UNKNOWN_SEQ, -1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined(types.UniTuple(int64, 2)(VIEWS, int64))
 def open_slot(v, salt):
     """Take a free slot for a new empty sequence; returns (slot, id)."""
     meta = v.meta
@@ -61,7 +62,7 @@ def open_slot(v, salt):
     return slot, (gen << SLOT_BITS) | slot
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def resolve_ids(ids, reject_duplicates, slots, arena, scratch):
     """Write the slot of every id to ``slots``; returns (status, index of the first bad id)."""
     v = views(arena, scratch, scratch)
@@ -79,7 +80,7 @@ def resolve_ids(ids, reject_duplicates, slots, arena, scratch):
     return ST_OK, -1
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def run_new_sequences(ids, arena, scratch):
     """Fill ``ids`` with new empty sequences; returns a status."""
     v = views(arena, scratch, scratch)
@@ -91,10 +92,10 @@ def run_new_sequences(ids, arena, scratch):
     return ST_OK
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def run_release(slots, arena, scratch, pool):
     """Release the sequences of ``slots`` (validated), each tail block first."""
-    v = views_inline(arena, scratch, pool)
+    v = views(arena, scratch, pool)
     meta, seq_table = v.meta, v.seq_table
     block_size = v.tokens.shape[1]
     v.scr[S_UNMAP_N] = 0
@@ -112,7 +113,7 @@ def run_release(slots, arena, scratch, pool):
         meta[M_LIVE_SEQS] -= 1
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def run_fork(slots, children, arena, scratch):
     """Give each parent slot ``children.shape[1]`` children; returns a status."""
     v = views(arena, scratch, scratch)
@@ -136,7 +137,7 @@ def run_fork(slots, children, arena, scratch):
     return ST_OK
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def table_width(slots, arena, scratch):
     """Most blocks held by any of ``slots``."""
     v = views(arena, scratch, scratch)
@@ -146,7 +147,7 @@ def table_width(slots, arena, scratch):
     return width
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def fill_tables(slots, out, arena, scratch):
     """Copy the block tables of ``slots`` into ``out`` (pre-filled with -1)."""
     v = views(arena, scratch, scratch)
@@ -155,7 +156,7 @@ def fill_tables(slots, out, arena, scratch):
             out[i, pos] = v.seq_table[slots[i], pos]
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def fill_lens(slots, out, arena, scratch):
     """Copy the lengths of ``slots`` into ``out``."""
     v = views(arena, scratch, scratch)

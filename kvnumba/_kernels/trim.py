@@ -7,9 +7,8 @@ log open until that call has either committed (``commit_give_up``) or failed
 (``rollback_give_up``).
 """
 
-from numba import njit
-
 from kvnumba._kernels.blocks import evict_block
+from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.links import cache_only_unlink
 from kvnumba._kernels.paging import unmap_page
 from kvnumba._kernels.prefix import table_purge_evicted
@@ -32,7 +31,7 @@ from kvnumba._state import (
 )
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def run_give_up(max_pages, logged, arena, scratch, pool):
     """Give up to ``max_pages`` cache-only pages back to the pool, oldest first.
 
@@ -67,7 +66,7 @@ def run_give_up(max_pages, logged, arena, scratch, pool):
     return done
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def commit_give_up(arena, scratch, pool):
     """End a logged give-up whose pages the failing call used: drop the table marks."""
     scr = views(arena, scratch, pool).scr
@@ -77,7 +76,7 @@ def commit_give_up(arena, scratch, pool):
     scr[S_EV_PAYLOAD] = scr[S_SAVED_PAYLOAD]
 
 
-@njit(cache=True, _nrt=False)
+@out_of_line
 def rollback_give_up(arena, scratch, pool):
     """Undo a logged give-up: the pages are mapped again and their blocks cached as before."""
     rollback(arena, scratch, pool)

@@ -12,8 +12,10 @@ are the few writes that are not one element of the manager's own arena. This mod
 leaf: the kernels that write state import it; :mod:`.rollback` replays it.
 """
 
-from numba import int64, njit, void
+from numba import int64, void
 
+from kvnumba._kernels.jit import inlined, out_of_line
+from kvnumba._kernels.views import VIEWS, array_type
 from kvnumba._state import S_LOG_N, S_LOG_ON
 
 # Writes that are not a single element of a state field:
@@ -34,10 +36,9 @@ _PER_SEQUENCE = 8
 _PER_PAGE = 16
 
 
-# One compiled body for every call site: an explicit signature, so that constant codes do not
-# make numba compile a version per code. Reached only in logged calls (log_write tests the
-# switch inline), so it stays off the hot path whether or not LLVM inlines it.
-@njit(void(int64[:, ::1], int64[::1], int64, int64, int64), cache=True, _nrt=False)
+# Reached only in logged calls (log_write tests the switch inline), so out of line: every
+# logged write site stays a test and a call.
+@out_of_line(void(int64[:, ::1], int64[::1], int64, int64, int64))
 def append_entry(ulog, scr, code, index, old):
     """Append ``(code, index, old)`` to the undo log (the caller checked it is on)."""
     n = scr[S_LOG_N]
@@ -47,14 +48,14 @@ def append_entry(ulog, scr, code, index, old):
     scr[S_LOG_N] = n + 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined(void(VIEWS, int64, int64, int64))
 def log_write(v, code, index, old):
     """Append ``(code, index, old)`` to the undo log of views ``v`` if the call is logged."""
     if v.scr[S_LOG_ON] != 0:  # tested inline: most calls are not logged
         append_entry(v.ulog, v.scr, code, index, old)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@inlined([void(VIEWS, array_type(t), int64, int64, int64) for t in ("int32", "int64", "uint8")])
 def set_logged(v, array, code, index, value):
     """``array[index] = value`` for a 1-D state field, logged under ``code``."""
     log_write(v, code, index, array[index])
@@ -70,7 +71,7 @@ def undo_log_rows(blocks, prompts, blocks_per_page, num_pages):
     return per_block * blocks + _PER_SEQUENCE * prompts + (blocks_per_page + _PER_PAGE) * maps
 
 
-undo_log_rows_kernel = njit(cache=True, _nrt=False, inline="always")(undo_log_rows)
+undo_log_rows_kernel = inlined(undo_log_rows)
 
 
 def give_up_log_rows(pages, blocks_per_page):

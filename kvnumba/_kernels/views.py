@@ -9,11 +9,10 @@ the tuple once and hands it to its helpers.
 The carving function is generated as source text from the tables (``python -m
 kvnumba._kernels.views`` rewrites ``_views_generated.py``; a test checks that the file is
 current), so the order of fields in the tables is the only place the layout is written down.
-It is a module of its own so that numba can cache it. ``views`` is compiled once, out of line:
-a kernel that calls it types one call instead of forty views (about 0.5 s of compile time
-each); returning forty views costs about 100 ns, so the few hot workers use ``views_inline``,
-the same code inlined. Never call ``views`` from a function compiled with numba's runtime
-(NRT): it returns views without taking references, and that caller would release them.
+It is a module of its own so that numba can cache it. Each view is one :func:`.carve` (a
+pointer and a shape read from the arena's header), and ``views`` is an :func:`.inlined` helper:
+LLVM drops the views a worker does not use. It is compiled without NRT: never call it from a
+function compiled with numba's runtime, which would release references it never took.
 """
 
 from __future__ import annotations
@@ -22,8 +21,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.np.numpy_support import from_dtype
 
+from kvnumba._kernels.carve import carve
 from kvnumba._state import (
     H_DIM0,
     H_DIM1,
@@ -42,33 +43,35 @@ Views = NamedTuple(
 )
 Views.__doc__ = "Every state and scratch field of a manager as a view, plus the three arenas."
 
+
+def array_type(dtype, ndim: int = 1) -> types.Array:
+    """numba's type of a C-contiguous ``dtype`` array (what :func:`.carve` returns)."""
+    return types.Array(from_dtype(np.dtype(dtype)), ndim, "C")
+
+
+#: numba's type of a :data:`Views` tuple, for helpers that state their signature.
+VIEWS = types.NamedTuple(
+    [array_type(f.dtype, len(f.dims)) for f in (*STATE_FIELDS, *SCRATCH_FIELDS)]
+    + [array_type(np.uint8)] * 3,
+    Views,
+)
+
 GENERATED = Path(__file__).with_name("_views_generated.py")
 _SHIFT = {1: 0, 4: 2, 8: 3}
 
 
-def _carve(prefix: str, header: str, fields, i: int) -> str:
-    """Source of the view of field ``i``: a slice of the arena viewed as the field's dtype.
-
-    One ``view`` per dtype and arena, not one per field: each costs compile time.
-    """
+def _carve(arena: str, header: str, fields, i: int) -> str:
+    """Source of the view of field ``i`` of ``arena`` (whose header is ``header``)."""
     f = fields[i]
     dtype = np.dtype(f.dtype)
     at = HEADER_SLOTS * i
-    offset, nbytes = f"{header}[{at + H_OFFSET}]", f"{header}[{at + H_NBYTES}]"
-    shift = f" >> {_SHIFT[dtype.itemsize]}" if dtype.itemsize > 1 else ""
-    expr = f"{prefix}_{dtype.name}[{offset}{shift} : ({offset} + {nbytes}){shift}]"
+    offset = f"{header}[{at + H_OFFSET}]"
     if len(f.dims) == 2:
-        expr += f".reshape(({header}[{at + H_DIM0}], {header}[{at + H_DIM1}]))"
-    return f"        {expr},  # {f.name}"
-
-
-def _typed(prefix: str, arena: str, fields) -> list[str]:
-    """One view of ``arena`` per dtype its fields use (arenas are multiples of 64 bytes)."""
-    names = sorted({np.dtype(f.dtype).name for f in fields} | {"int64"})
-    return [
-        f"    {prefix}_{name} = {arena}" + ("" if name == "uint8" else f".view(np.{name})")
-        for name in names
-    ]
+        shape = f"({header}[{at + H_DIM0}], {header}[{at + H_DIM1}])"
+    else:
+        nbytes = f"{header}[{at + H_NBYTES}]"
+        shape = f"({nbytes} >> {_SHIFT[dtype.itemsize]},)" if dtype.itemsize > 1 else f"({nbytes},)"
+    return f"        carve({arena}, {offset}, {shape}, np.{dtype.name}),  # {f.name}"
 
 
 def generate() -> str:
@@ -79,48 +82,32 @@ def generate() -> str:
         '"""',
         "",
         "import numpy as np",
-        "from numba import njit",
         "",
+        "from kvnumba._kernels.carve import carve",
+        "from kvnumba._kernels.jit import inlined",
         "from kvnumba._kernels.views import Views",
         "",
         "",
-        "@njit(cache=True, _nrt=False)",
+        "@inlined",
         "def views(arena, scratch, pool):",
         '    """Named views of a manager\'s arenas; ``pool`` is the page pool\'s arena (for a',
         '    manager without one, any uint8 array: it is never read)."""',
     ]
-    lines += _typed("a", "arena", STATE_FIELDS)
-    lines += _typed("s", "scratch", SCRATCH_FIELDS)
     lines += [
-        f"    h = a_int64[:{HEADER_BYTES // 8}]",
-        f"    g = s_int64[:{HEADER_BYTES // 8}]",
+        f"    h = carve(arena, 0, ({HEADER_BYTES // 8},), np.int64)",
+        f"    g = carve(scratch, 0, ({HEADER_BYTES // 8},), np.int64)",
         "    return Views(",
     ]
-    lines += [_carve("a", "h", STATE_FIELDS, i) for i in range(len(STATE_FIELDS))]
-    lines += [_carve("s", "g", SCRATCH_FIELDS, i) for i in range(len(SCRATCH_FIELDS))]
+    lines += [_carve("arena", "h", STATE_FIELDS, i) for i in range(len(STATE_FIELDS))]
+    lines += [_carve("scratch", "g", SCRATCH_FIELDS, i) for i in range(len(SCRATCH_FIELDS))]
     lines += ["        arena,", "        scratch,", "        pool,", "    )", ""]
-    lines += [
-        "",
-        "# The same, inlined at numba's IR level: for the few hot workers that run it once per",
-        "# call, where an out-of-line call returning forty views costs about 100 ns.",
-        'views_inline = njit(cache=True, _nrt=False, inline="always")(getattr(views, "py_func", views))',
-        "",
-    ]
     return "\n".join(lines)
 
 
 @njit(cache=True, inline="always")
 def header_entry(arena, i, slot):
     """Slot ``slot`` (``H_OFFSET``, ``H_NBYTES``, ...) of field ``i``'s entry in the header."""
-    return arena[:HEADER_BYTES].view(np.int64)[HEADER_SLOTS * i + slot]
-
-
-@njit(cache=True, inline="always")
-def field_bytes(arena, i):
-    """The bytes of field ``i`` of ``arena``, as a uint8 view (for the few kernels that need one
-    field by its index rather than all of them by name)."""
-    offset = header_entry(arena, i, H_OFFSET)
-    return arena[offset : offset + header_entry(arena, i, H_NBYTES)]
+    return carve(arena, 0, (HEADER_BYTES // 8,), np.int64)[HEADER_SLOTS * i + slot]
 
 
 _SLOTS = [f.name for f in SCRATCH_FIELDS].index("slots")
@@ -133,11 +120,12 @@ def scratch_slots(scratch):
     A call with more than ``max_seqs`` ids repeats one or names an unknown one, and validation
     stops there before writing past ``max_seqs`` entries.
     """
-    return field_bytes(scratch, _SLOTS).view(np.int64)
+    offset = header_entry(scratch, _SLOTS, H_OFFSET)
+    return carve(scratch, offset, (header_entry(scratch, _SLOTS, H_NBYTES) >> 3,), np.int64)
 
 
 if __name__ == "__main__":
     GENERATED.write_text(generate())
     print(f"wrote {GENERATED}")
 else:
-    from kvnumba._kernels._views_generated import views, views_inline  # noqa: F401
+    from kvnumba._kernels._views_generated import views  # noqa: F401

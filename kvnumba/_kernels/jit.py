@@ -1,0 +1,63 @@
+"""The two kinds of helper of the kernel layer, as decorators.
+
+Entry kernels (:mod:`.entry`, and the page pool's three in :mod:`.pool`) are plain
+``@njit(cache=True)``: the facade calls them. Every other compiled function is a helper,
+compiled without numba's runtime (NRT) and without the Python and C wrappers numba would
+otherwise build (for a helper taking the forty views those wrappers were twice the size of its
+body, and about 3 s of the quick start):
+
+- :func:`inlined`: LLVM always inlines it into its caller (numba's ``forceinline``). numba
+  types and optimises its body once; a call site costs numba nothing and LLVM a little, and
+  after inlining the views it takes are registers again: the hot path is as fast as with
+  numba's own ``inline="always"``, which re-translates and re-types the body at every call
+  site (that was most of the compile time).
+- :func:`out_of_line`: a real call, for cold code (page bookkeeping, copy-on-write, rollback)
+  and for bodies shared by several entries (the general path of ``append`` and ``admit``).
+
+A helper with integer parameters states its signature: numba would otherwise compile it once
+per combination of argument types, and types a constant argument (``FIELD.ref``) as its own
+literal type, so that one ``log_write`` came in 29 versions.
+
+Two rules follow. A helper cannot be called from Python (there is no wrapper; the process would
+crash): tests call helpers from a small ``@njit`` driver. And a function compiled with NRT must
+not receive arrays from a helper (they come without the references NRT would release): the
+few array-returning functions NRT code needs (``pool_views``, ``scratch_slots``) are inlined at
+numba's IR level instead.
+"""
+
+import inspect
+
+from numba import njit
+
+_HELPER = dict(cache=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+
+
+def _decorator(options, signatures):
+    if inspect.isfunction(signatures):  # used bare: @inlined
+        return njit(**options)(signatures)
+    return njit(signatures, **options)
+
+
+def inlined(signatures=None):
+    """Compile a helper that LLVM inlines at every call site.
+
+    Parameters
+    ----------
+    signatures : numba signature or list of them, optional
+        The helper's explicit signature(s); without one it is compiled per argument types.
+        ``@inlined`` may be used without parentheses.
+    """
+    # forceinline is set on both kinds: numba passes an unset flag on from the function being
+    # compiled to the helpers it compiles on the way.
+    return _decorator({**_HELPER, "forceinline": True}, signatures)
+
+
+def out_of_line(signatures=None):
+    """Compile a helper that stays a function of its own (compiled once, called).
+
+    Parameters
+    ----------
+    signatures : numba signature or list of them, optional
+        As for :func:`inlined`.
+    """
+    return _decorator({**_HELPER, "forceinline": False}, signatures)
