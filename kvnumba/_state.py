@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kvnumba._ids import slot_bits
+
 # --- sentinels -----------------------------------------------------------------------------------
 NIL = -1  # no block / no link / padding in block tables
 EMPTY = -1  # empty slot of the prefix hash table; values <= -2 mark entries of evicted blocks
@@ -50,6 +52,8 @@ M_CO_COUNT = 23  # pages on the cache-only list
 M_CLIENT = 24  # pool client token, pid and process start time: the owner record of a page
 M_PID = 25
 M_START = 26
+M_ID_TAG = 27  # the manager's id tag (kvnumba._ids): the top bits of every id it hands out
+M_SLOT_BITS = 28  # bits of an id that hold the slot
 META_SIZE = 32
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
@@ -252,6 +256,7 @@ def new_state(
     prefix_caching: bool,
     hash_bits: int = 64,
     blocks_per_page: int = 0,
+    id_tag: int = 0,
 ) -> tuple[np.ndarray, State]:
     """Allocate the state arena of an empty manager.
 
@@ -265,6 +270,8 @@ def new_state(
         Bits of the chained hash to keep; 64 except in collision tests.
     blocks_per_page : int
         Blocks per virtual page with a page pool (dividing ``num_blocks``), 0 without one.
+    id_tag : int
+        The manager's id tag (:mod:`kvnumba._ids`).
 
     Returns
     -------
@@ -293,6 +300,8 @@ def new_state(
     meta[M_PREFIX_CACHING] = 1 if prefix_caching else 0
     meta[M_HASH_BITS] = hash_bits
     meta[M_MAX_SEQ_LEN] = max_seq_len
+    meta[M_ID_TAG] = id_tag
+    meta[M_SLOT_BITS] = slot_bits(m)
     if k:
         # Every virtual page unmapped, popped in order 0, 1, ...; no block on the free stack.
         num_pages = dims["pages"]

@@ -14,9 +14,9 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._dispatch import compiled
+from kvnumba._ids import new_tag, split_id
 from kvnumba._inputs import check_state_bytes, index_array, positive_int
 from kvnumba._kernels.check import MESSAGES
-from kvnumba._kernels.sequences import SLOT_BITS, SLOT_MASK
 from kvnumba._kernels.undo import undo_log_rows
 from kvnumba._paged import PagedCalls, deliver_all
 from kvnumba._state import (
@@ -169,6 +169,7 @@ class BlockManager(PagedCalls):
         self._max_seq_len = max_seq_len
         self._prefix_caching = bool(prefix_caching)
         self._on_evict = on_evict
+        self._id_tag = new_tag(self)
         self._arena, self._s = new_state(
             num_blocks,
             block_size,
@@ -178,6 +179,7 @@ class BlockManager(PagedCalls):
             self._prefix_caching,
             _hash_bits,
             blocks_per_page,
+            self._id_tag,
         )
         self._k = blocks_per_page
         self._num_pages = num_blocks // blocks_per_page if blocks_per_page else 0
@@ -265,6 +267,12 @@ class BlockManager(PagedCalls):
     def block_size(self) -> int:
         """Token slots per block."""
         return self._block_size
+
+    @property
+    def id_tag(self) -> int:
+        """The tag in the top bits of every id this manager hands out (unique among the live
+        managers of the process; ``docs/design.md``, sequence ids)."""
+        return self._id_tag
 
     @property
     def max_seqs(self) -> int:
@@ -537,8 +545,10 @@ class BlockManager(PagedCalls):
     def is_live(self, seq_id: int) -> bool:
         """Whether ``seq_id`` names a live sequence of this manager."""
         seq_id = operator.index(seq_id)
-        slot, generation = seq_id & SLOT_MASK, seq_id >> SLOT_BITS
-        if seq_id < 0 or slot >= self._max_seqs:
+        if seq_id < 0:
+            return False
+        tag, generation, slot = split_id(seq_id, self._max_seqs)
+        if tag != self._id_tag or slot >= self._max_seqs:
             return False
         return bool(self._s.seq_live[slot]) and generation == self._s.seq_gen[slot]
 

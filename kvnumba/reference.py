@@ -52,6 +52,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kvnumba._ids import make_id, new_tag, next_generation, split_id
 from kvnumba.errors import (
     InvalidGeometry,
     InvalidSequence,
@@ -66,7 +67,6 @@ from kvnumba.results import AdmitResult, AppendResult, Stats
 __all__ = ["ReferenceBlockManager", "ReferencePagePool"]
 
 _MASK64 = (1 << 64) - 1
-_SLOT_MASK = (1 << 32) - 1
 _INT64_MAX = (1 << 63) - 1
 #: Chained-hash seed of a sequence's first block (any constant; only the model uses it).
 ROOT_HASH = 0x9E3779B97F4A7C15
@@ -292,6 +292,9 @@ class ReferenceBlockManager:
     blocks_per_page : int, optional
         Blocks per virtual page ``k``; required with ``page_pool`` (and only with it) and must
         divide ``num_blocks``.
+    id_tag : int, optional
+        The tag in the top bits of the ids (``kvnumba._ids``): pass a ``BlockManager``'s
+        ``id_tag`` to hand out the same ids as it does; a process-unique tag by default.
 
     Raises
     ------
@@ -302,7 +305,7 @@ class ReferenceBlockManager:
     Notes
     -----
     Follows the deterministic policies of ``docs/design.md``: LIFO free-block and slot stacks,
-    ids ``generation << 32 | slot``, release tail block first, eviction from the LRU head; with
+    ids ``tag << 47 | generation << slot_bits | slot``, release tail block first, eviction from the LRU head; with
     a page pool, its page policy (fullest mapped page first, then map a page, then evict).
     Not thread-safe: one thread at a time (for all managers of one pool together).
     """
@@ -318,6 +321,7 @@ class ReferenceBlockManager:
         on_evict: Callable | None = None,
         page_pool: ReferencePagePool | None = None,
         blocks_per_page: int | None = None,
+        id_tag: int | None = None,
     ):
         num_blocks = _as_int(num_blocks, "num_blocks")
         block_size = _as_int(block_size, "block_size")
@@ -370,6 +374,7 @@ class ReferenceBlockManager:
         if page_pool is not None:
             self._free = []  # free blocks live in pages (or in unmapped pages)
 
+        self._id_tag = new_tag(self) if id_tag is None else _as_int(id_tag, "id_tag")
         self._gen = [0] * max_seqs
         self._live = [False] * max_seqs
         self._table: list[list[int]] = [[] for _ in range(max_seqs)]
@@ -396,6 +401,11 @@ class ReferenceBlockManager:
     def block_size(self) -> int:
         """Tokens per block."""
         return self._block_size
+
+    @property
+    def id_tag(self) -> int:
+        """The tag in the top bits of every id this manager hands out."""
+        return self._id_tag
 
     @property
     def max_seqs(self) -> int:
@@ -662,7 +672,7 @@ class ReferenceBlockManager:
 
     def _take_slot(self, salt: int) -> int:
         slot = self._slots.pop()
-        self._gen[slot] += 1
+        self._gen[slot] = next_generation(self._gen[slot], self._max_seqs)
         self._live[slot] = True
         self._table[slot] = []  # a new list object (keeps admit snapshots valid)
         self._len[slot] = 0
@@ -670,13 +680,13 @@ class ReferenceBlockManager:
         return slot
 
     def _seq_id(self, slot: int) -> int:
-        return self._gen[slot] << 32 | slot
+        return make_id(self._id_tag, self._gen[slot], slot, self._max_seqs)
 
     def _resolve(self, seq_id: int) -> int:
         """Slot of a live sequence id; raise ``InvalidSequence`` / ``SequenceReleased``."""
         seq_id = int(seq_id)
-        slot, gen = seq_id & _SLOT_MASK, seq_id >> 32
-        if seq_id < 0 or slot >= self._max_seqs or gen < 1 or gen > self._gen[slot]:
+        tag, gen, slot = split_id(seq_id, self._max_seqs) if seq_id >= 0 else (-1, 0, 0)
+        if tag != self._id_tag or slot >= self._max_seqs or gen < 1 or gen > self._gen[slot]:
             raise InvalidSequence(seq_id)
         if gen != self._gen[slot] or not self._live[slot]:
             raise SequenceReleased(seq_id)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kvnumba import BlockManager, InvariantViolation
+from kvnumba._ids import split_id
 from kvnumba._state import M_CACHED, M_FREE_TOP, M_LIVE_SEQS, M_REGISTERED, M_SLOT_TOP, M_USED
 
 
@@ -36,7 +37,7 @@ def first_cached(mgr):
 
 
 def slot_of(seq_id):
-    return seq_id & 0xFFFFFFFF
+    return split_id(seq_id, 8)[2]  # the fixture's max_seqs
 
 
 CORRUPTIONS = {

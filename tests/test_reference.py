@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvnumba._ids import make_id
 from kvnumba.errors import (
     InvalidGeometry,
     InvalidSequence,
@@ -19,7 +20,10 @@ from kvnumba.errors import (
 )
 from kvnumba.reference import ReferenceBlockManager
 
-ID0 = 1 << 32  # first id of slot 0 (generation 1)
+
+def sid(mgr, slot, generation=1):
+    """The id of ``slot`` at ``generation`` in ``mgr`` (``docs/design.md``, sequence ids)."""
+    return make_id(mgr.id_tag, generation, slot, mgr.max_seqs)
 
 
 def make(num_blocks=16, block_size=4, **kw):
@@ -61,16 +65,17 @@ def test_geometry_defaults_and_errors():
 def test_ids_are_generation_and_slot_and_never_reused():
     mgr = make(max_seqs=2)
     ids = mgr.new_sequences(2)
-    assert ids.dtype == np.int64 and ids.tolist() == [ID0 | 0, ID0 | 1]
+    assert ids.dtype == np.int64 and ids.tolist() == [sid(mgr, 0), sid(mgr, 1)]
     mgr.release([ids[0]])
     (again,) = mgr.new_sequences(1)
-    assert again == (2 << 32) | 0  # slot 0 popped again, generation 2
+    assert again == sid(mgr, 0, 2)  # slot 0 popped again, generation 2
     with pytest.raises(SequenceReleased):
         mgr.seq_lens([ids[0]])
     with pytest.raises(InvalidSequence) as err:
-        mgr.seq_lens([(3 << 32) | 0])  # a generation not issued yet: unknown
+        mgr.seq_lens([sid(mgr, 0, 3)])  # a generation not issued yet: unknown
     assert not isinstance(err.value, SequenceReleased)
-    for bad in (5, (1 << 32) | 7, -1):
+    another = make_id(mgr.id_tag % 65535 + 1, 1, 0, mgr.max_seqs)  # another manager's tag
+    for bad in (5, another, -1):
         with pytest.raises(InvalidSequence):
             mgr.seq_lens([bad])
     with pytest.raises(TooManySequences) as err:
@@ -102,7 +107,8 @@ def test_fork_shares_blocks_three_allocations_instead_of_fifteen():
     forked = make(32, 4)
     parent = fill(forked, 10)
     children = forked.fork([parent], n=4)
-    assert children.shape == (1, 4) and children.tolist() == [[ID0 | 1, ID0 | 2, ID0 | 3, ID0 | 4]]
+    assert children.shape == (1, 4)
+    assert children.tolist() == [[sid(forked, 1), sid(forked, 2), sid(forked, 3), sid(forked, 4)]]
     every = [parent, *children.ravel().tolist()]
     assert forked.block_tables(every).tolist() == [[0, 1, 2]] * 5
     assert forked.seq_lens(every).tolist() == [10] * 5
@@ -311,7 +317,7 @@ def test_admit_hits_cached_blocks_and_claims_them_before_allocating():
 def test_admit_serves_prompts_in_order_later_reuse_earlier():
     mgr = make(16, 4)
     res = mgr.admit(list(range(9)) * 2, [9, 9])
-    assert res.ids.tolist() == [ID0 | 0, ID0 | 1]
+    assert res.ids.tolist() == [sid(mgr, 0), sid(mgr, 1)]
     assert res.num_cached_tokens.tolist() == [0, 8]
     assert res.slot_mapping.tolist() == list(range(9)) + [12]
     assert mgr.block_tables(res.ids).tolist() == [[0, 1, 2], [0, 1, 3]]
@@ -371,7 +377,7 @@ def test_atomic_failed_admit_changes_nothing():
     assert after[2] == before[2].__class__(**{**vars(before[2]), "failed_calls": 1})
     assert ev.calls == []
     assert mgr.seq_lens([keep]).tolist() == [8]
-    assert mgr.new_sequences(1).tolist() == [ID0 | 1]  # the rolled-back slot is untouched
+    assert mgr.new_sequences(1).tolist() == [sid(mgr, 1)]  # the rolled-back slot is untouched
     mgr.check()
 
 
@@ -450,7 +456,7 @@ def test_bad_input_raises_before_anything_changes():
         (TypeError, lambda: mgr.fork([a], n=1.5)),
         (ValueError, lambda: mgr.release([a, a])),
         (SequenceReleased, lambda: mgr.release([a, gone])),
-        (InvalidSequence, lambda: mgr.release([a, (2 << 32) | 2])),
+        (InvalidSequence, lambda: mgr.release([a, sid(mgr, 2, 2)])),
         (InvalidSequence, lambda: mgr.can_append([12345], [1])),
         (TypeError, lambda: mgr.new_sequences(True)),
     ]

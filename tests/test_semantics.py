@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import kvnumba
 from kvnumba import BlockManager, PoolExhausted, Sequence
+from kvnumba._ids import make_id
 from kvnumba._state import M_LRU_HEAD, NIL
 
 
@@ -585,10 +586,13 @@ def test_released_ids_are_rejected_and_never_reissued(assert_unchanged):
 
 @pytest.mark.parametrize(
     "bad",
-    [-1, 0, 7, 12345, (1 << 32) | 5, (99 << 32) | 0, -(1 << 40), np.iinfo(np.int64).max],
+    # (generation, slot) pairs are ids with the manager's own tag (slot 1 is never handed out).
+    [-1, 0, 7, 12345, (1, 1), (99, 0), (2, 0), -(1 << 40), np.iinfo(np.int64).max],
 )
 def test_never_issued_ids_are_invalid_not_released(bad, assert_unchanged):
     mgr = BlockManager(8, 2, max_seqs=2)
+    if isinstance(bad, tuple):
+        bad = make_id(mgr.id_tag, *bad, mgr.max_seqs)
     (a,) = mgr.new_sequences(1)
     mgr.append([a], [3])
     for call in (

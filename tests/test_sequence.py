@@ -14,6 +14,7 @@ from kvnumba import (
     Sequence,
     SequenceReleased,
 )
+from kvnumba._ids import make_id
 
 
 def test_sequence_is_a_new_empty_sequence():
@@ -21,7 +22,7 @@ def test_sequence_is_a_new_empty_sequence():
     seq = mgr.sequence()
     assert isinstance(seq, Sequence)
     assert isinstance(seq.id, int)
-    assert seq.id == 1 << 32  # design.md: generation 1, slot 0
+    assert seq.id == make_id(mgr.id_tag, 1, 0, mgr.max_seqs)  # design.md: generation 1, slot 0
     assert len(seq) == 0
     assert not seq.released
     assert seq.table.tolist() == []

@@ -58,8 +58,9 @@ class KernelsVersusReference(RuleBasedStateMachine):
         self.evicted_kv, self.evicted_ref = Evictions(), Evictions()
         geometry = dict(max_seqs=max_seqs, max_seq_len=max_seq_len, prefix_caching=prefix_caching)
         self.kv = kvnumba.BlockManager(num_blocks, block_size, on_evict=self.evicted_kv, **geometry)
+        # The same id tag: both sides hand out the same ids.
         self.ref = ReferenceBlockManager(
-            num_blocks, block_size, on_evict=self.evicted_ref, **geometry
+            num_blocks, block_size, on_evict=self.evicted_ref, id_tag=self.kv.id_tag, **geometry
         )
         self.live: list[int] = []
         self.dead: list[int] = []

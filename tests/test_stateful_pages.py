@@ -73,6 +73,7 @@ class PagesVersusReference(RuleBasedStateMachine):
                     block_size,
                     page_pool=self.ref_pool,
                     on_evict=self.ref_hooks.hook(f"evict{who}"),
+                    id_tag=self.kv[-1].id_tag,  # the same ids on both sides
                     **geometry,
                 )
             )

@@ -20,6 +20,7 @@ from kvnumba import (
     SequenceTooLong,
     TooManySequences,
 )
+from kvnumba._ids import slot_bits
 
 
 @pytest.fixture
@@ -288,7 +289,8 @@ def test_ref_count_in_range(busy):
 # ------------------------------------------------------------------------- stale / unknown ids
 def test_released_and_unknown_ids(busy, assert_unchanged):
     mgr, a, c, gone = busy
-    for bad, exc in [(gone, SequenceReleased), (-5, InvalidSequence), (gone + (1 << 32), None)]:
+    later = gone + (1 << slot_bits(mgr.max_seqs))  # the same slot, a generation not issued yet
+    for bad, exc in [(gone, SequenceReleased), (-5, InvalidSequence), (later, None)]:
         expected = exc or InvalidSequence
         for call in (
             lambda b=bad: mgr.append([a, b], [1, 1]),

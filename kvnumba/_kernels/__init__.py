@@ -5,7 +5,7 @@ Entry points (:mod:`.entry`, called by the facade) take the call's inputs and th
 raise: they return a status code from :mod:`kvnumba.errors`.
 
 Importing this package drops numba's on-disk cache of these modules when any of their sources
-(or the constants they inline from ``_state.py`` and ``errors.py``) changed: numba keys a cached
+(or the constants they inline from ``_state.py``, ``errors.py`` and ``_ids.py``) changed: numba keys a cached
 function by its own file only, and the workers here inline helpers from the other files.
 """
 
@@ -18,7 +18,10 @@ from numba import config
 from numba.core.caching import _CacheLocator
 
 _HERE = Path(__file__).resolve().parent
-_SOURCES = (*sorted(_HERE.glob("*.py")), _HERE.parent / "_state.py", _HERE.parent / "errors.py")
+_SOURCES = (
+    *sorted(_HERE.glob("*.py")),
+    *(_HERE.parent / name for name in ("_state.py", "errors.py", "_ids.py")),
+)
 _MARKER = "kvnumba-kernels.sha256"
 
 

@@ -238,7 +238,7 @@ def validate_growth(v, ids, counts, tokens_in, has_tokens, slots):
     v.scr[S_STAMP] = stamp
     max_len = v.meta[M_MAX_SEQ_LEN]
     for i in range(ids.shape[0]):
-        status, slot = resolve(ids[i], v.seq_gen, v.seq_live)
+        status, slot = resolve(v, ids[i])
         if status != ST_OK:
             return status, i, 0
         if v.seq_mark[slot] == stamp:

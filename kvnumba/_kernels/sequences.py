@@ -1,18 +1,29 @@
 """Sequence slots and ids; the kernels of new_sequences, fork, release and the read-only queries.
 
-A sequence id is ``generation << 32 | slot``; the slot's generation grows every time the slot is
-handed out, so ids are never reused and a stale id is told apart from an unknown one.
+A sequence id is ``tag << ID_TAG_SHIFT | generation << slot_bits | slot`` (:mod:`kvnumba._ids`):
+the slot's generation grows every time the slot is handed out, so a stale id is told apart from
+an unknown one, and the manager's tag makes another manager's id unknown here.
 """
 
 import numpy as np
 from numba import int64, types
 
+from kvnumba._ids import ID_TAG_SHIFT
 from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.undo import log_write
 from kvnumba._kernels.views import VIEWS, views
-from kvnumba._state import FIELD, M_LIVE_SEQS, M_SLOT_TOP, NIL, S_STAMP, S_UNMAP_N
+from kvnumba._state import (
+    FIELD,
+    M_ID_TAG,
+    M_LIVE_SEQS,
+    M_SLOT_BITS,
+    M_SLOT_TOP,
+    NIL,
+    S_STAMP,
+    S_UNMAP_N,
+)
 from kvnumba.errors import (
     ST_DUPLICATE_ID,
     ST_OK,
@@ -21,21 +32,19 @@ from kvnumba.errors import (
     ST_UNKNOWN_SEQ,
 )
 
-SLOT_BITS = 32
-SLOT_MASK = (1 << SLOT_BITS) - 1
-
 
 @inlined
-def resolve(seq_id, seq_gen, seq_live):
+def resolve(v, seq_id):
     """Status and slot of a sequence id (status ST_OK only for a live sequence)."""
-    if seq_id < 0:
+    if seq_id < 0 or (seq_id >> ID_TAG_SHIFT) != v.meta[M_ID_TAG]:
         return ST_UNKNOWN_SEQ, -1
-    slot = seq_id & SLOT_MASK
-    gen = seq_id >> SLOT_BITS
-    if slot >= seq_gen.shape[0] or gen < 1:
+    bits = v.meta[M_SLOT_BITS]
+    slot = seq_id & ((1 << bits) - 1)
+    gen = (seq_id >> bits) & ((1 << (ID_TAG_SHIFT - bits)) - 1)
+    if slot >= v.seq_gen.shape[0] or gen < 1:
         return ST_UNKNOWN_SEQ, -1
-    current = seq_gen[slot]
-    if gen == current and seq_live[slot] != 0:
+    current = v.seq_gen[slot]
+    if gen == current and v.seq_live[slot] != 0:
         return ST_OK, slot
     if gen <= current:
         return ST_RELEASED_SEQ, -1
@@ -53,13 +62,14 @@ def open_slot(v, salt):
     log_write(v, FIELD.seq_live, slot, v.seq_live[slot])
     log_write(v, FIELD.seq_salt, slot, v.seq_salt[slot])
     log_write(v, FIELD.seq_len, slot, v.seq_len[slot])
-    gen = v.seq_gen[slot] + 1
+    bits = meta[M_SLOT_BITS]
+    gen = v.seq_gen[slot] % ((1 << (ID_TAG_SHIFT - bits)) - 1) + 1  # wraps to 1 (kvnumba._ids)
     v.seq_gen[slot] = gen
     v.seq_live[slot] = 1
     v.seq_salt[slot] = salt
     v.seq_len[slot] = 0
     meta[M_LIVE_SEQS] += 1
-    return slot, (gen << SLOT_BITS) | slot
+    return slot, (meta[M_ID_TAG] << ID_TAG_SHIFT) | (gen << bits) | slot
 
 
 @out_of_line
@@ -69,7 +79,7 @@ def resolve_ids(ids, reject_duplicates, slots, arena, scratch):
     stamp = v.scr[S_STAMP] + 1
     v.scr[S_STAMP] = stamp
     for i in range(ids.shape[0]):
-        status, slot = resolve(ids[i], v.seq_gen, v.seq_live)
+        status, slot = resolve(v, ids[i])
         if status != ST_OK:
             return status, i
         if reject_duplicates:
