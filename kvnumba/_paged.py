@@ -27,12 +27,10 @@ from kvnumba._state import (
     M_START,
     M_VTOP,
     NIL,
-    S_FAILED,
     S_MAP_N,
     S_SHORT,
     S_UNMAP_N,
 )
-from kvnumba.results import AdmitResult, AppendResult
 
 
 class PagedCalls:
@@ -87,59 +85,6 @@ class PagedCalls:
         return self._k or None
 
     # ----------------------------------------------------------------------------- the calls
-    def _paged_append(self, ids, counts, tokens_in, has_tokens, atomic) -> AppendResult:
-        def run():
-            while True:
-                result = self._k_append(
-                    ids, counts, tokens_in, has_tokens, atomic, self._max_seq_len, *self._pargs
-                )
-                if result[0] != E.ST_NEED_BUFFERS:
-                    return result
-                self._grow_records(result[2])
-
-        pending = self._orphans_first()
-        result, givers = self._run_with_reclaim(run, atomic)
-        if result[0]:
-            self._raise(
-                result[0], result[1], ids, counts=counts, needed=result[2], available=result[3]
-            )
-        out = AppendResult._make((result[4], result[5], result[6], result[7]))
-        self._after_paged_call(givers, out, pending)
-        return out
-
-    def _paged_admit(self, tokens_in, lengths, salts, atomic) -> AdmitResult:
-        def run():
-            while True:
-                result = self._k_admit(tokens_in, lengths, salts, atomic, *self._pargs)
-                if result[0] != E.ST_NEED_BUFFERS:
-                    return result
-                blocks = min(result[2], self._num_blocks)
-                self._grow_records(blocks, result[2], lengths.shape[0])
-
-        pending = self._orphans_first()
-        result, givers = self._run_with_reclaim(run, atomic)
-        if result[0]:
-            self._raise(
-                result[0],
-                result[1],
-                None,
-                lengths=lengths,
-                tokens=tokens_in,
-                needed=result[2],
-                available=result[3],
-            )
-        out = AdmitResult._make((result[4], result[5], result[6], result[7]))
-        self._after_paged_call(givers, out, pending)
-        return out
-
-    def _paged_release(self, ids) -> None:
-        pending = self._orphans_first()
-        with self._pool.lock():
-            status, bad = self._k_release(ids, *self._pargs)
-        if status:
-            self._raise(status, bad, ids)
-        deliver_all((self._deliver_unmaps,), None, pending)
-
     def _paged_can_append(self, ids, counts) -> bool:
         with self._pool.lock():
             status, bad, need, available = self._k_can_append(ids, counts, *self._pargs)
@@ -333,14 +278,12 @@ class PagedCalls:
         pool = self._pool
         return give_back_orphans(pool) if pool._orphans else None
 
-    def _after_paged_call(self, givers, result, pending=None) -> None:
+    def _deliver_paged(self, givers, result, pending=None) -> None:
         """Callbacks of a committed call: the siblings' give-ups first, then this manager's.
 
         Every callback runs even if an earlier one raises; then ``CallbackError`` carrying
         ``result`` is raised with the first error (``pending`` if set) as its cause.
         """
-        if self._scr[S_FAILED]:
-            self._failed_calls += 1
         deliveries = []
         for sibling in givers:
             deliveries += [sibling._deliver_evictions, sibling._deliver_unmaps]

@@ -378,28 +378,30 @@ class BlockManager(PagedCalls):
             tokens_in, has_tokens = index_array(tokens, "tokens"), True
         if atomic is not True:  # the common case skips a call
             atomic = _flag(atomic)
-        if self._pool is not None:
-            return self._paged_append(ids, counts, tokens_in, has_tokens, atomic)
-        while True:
-            result = self._k_append(
-                ids, counts, tokens_in, has_tokens, atomic, self._max_seq_len, *self._args
-            )
-            status = result[0]
-            if status != E.ST_NEED_BUFFERS:
-                break
-            self._grow_records(result[2])
-        if status:
-            self._raise(
-                status, result[1], ids, counts=counts, needed=result[2], available=result[3]
-            )
-        # _after_call, spelled out: an atomic call that returned served every sequence, and the
-        # method call alone is a few percent of a one-sequence append.
-        if atomic is not True and self._scr[S_FAILED]:
-            self._failed_calls += 1
-        out = _new_append_result(result[4:])
-        if self._on_evict is not None:
-            deliver_all((self._deliver_evictions,), out)
-        return out
+        args = (ids, counts, tokens_in, has_tokens, atomic, self._max_seq_len)
+        first = None
+        if self._pool is None:
+            # The decode step without a pool commits here, without _run's calls (measured:
+            # they cost a one-sequence append about 0.5 us, a fifth); anything else (a
+            # failure, more record buffers) continues in _run from this first result.
+            first = self._k_append(*args, *self._args)
+            if first[0] == 0:
+                if atomic is not True and self._scr[S_FAILED]:
+                    self._failed_calls += 1
+                out = _new_append_result(first[4:])
+                if self._on_evict is not None:
+                    deliver_all((self._deliver_evictions,), out)
+                return out
+        return self._run(
+            self._k_append,
+            args,
+            atomic=atomic,
+            grow=lambda result: self._grow_records(result[2]),
+            build=_new_append_result,
+            first=first,
+            ids=ids,
+            counts=counts,
+        )
 
     def admit(self, tokens, lengths, *, salts=None, atomic: bool = True) -> AdmitResult:
         """Create one sequence per prompt, reusing the longest cached prefix of each.
@@ -440,27 +442,16 @@ class BlockManager(PagedCalls):
                 raise ValueError(
                     f"salts has {salts.shape[0]} entries for {lengths.shape[0]} prompts"
                 )
-        if self._pool is not None:
-            return self._paged_admit(tokens_in, lengths, salts, _flag(atomic))
-        while True:
-            result = self._k_admit(tokens_in, lengths, salts, _flag(atomic), *self._args)
-            status = result[0]
-            if status != E.ST_NEED_BUFFERS:
-                break
-            self._grow_records(min(result[2], self._num_blocks), result[2], lengths.shape[0])
-        if status:
-            self._raise(
-                status,
-                result[1],
-                None,
-                lengths=lengths,
-                tokens=tokens_in,
-                needed=result[2],
-                available=result[3],
-            )
-        out = _new_admit_result((result[4], result[5], result[6], result[7]))
-        self._after_call(out)
-        return out
+        prompts, atomic = lengths.shape[0], _flag(atomic)
+        return self._run(
+            self._k_admit,
+            (tokens_in, lengths, salts, atomic),
+            atomic=atomic,
+            grow=lambda r: self._grow_records(min(r[2], self._num_blocks), r[2], prompts),
+            build=_new_admit_result,
+            lengths=lengths,
+            tokens=tokens_in,
+        )
 
     def fork(self, ids, n: int = 1) -> np.ndarray:
         """Give every sequence ``n`` children that share all of its blocks.
@@ -501,12 +492,7 @@ class BlockManager(PagedCalls):
         every other block returns to the free list. The ids become invalid forever.
         """
         ids = index_array(ids, "ids")
-        if self._pool is not None:
-            self._paged_release(ids)
-            return
-        status, bad = self._k_release(ids, *self._args)
-        if status:
-            self._raise(status, bad, ids)
+        self._run(self._k_release, (ids,), ids=ids)
 
     def block_tables(self, ids) -> np.ndarray:
         """Block tables of ``ids`` as int32 ``(len(ids), width)``, padded with -1."""
@@ -594,16 +580,48 @@ class BlockManager(PagedCalls):
         return int(self._s.ref[block])
 
     # ---------------------------------------------------------------------------- internals
-    def _after_call(self, result) -> None:
-        """Count a partial failure and deliver the eviction callback of a committed call.
+    def _run(
+        self, kernel, args, *, atomic=True, grow=None, build=None, first=None, ids=None, **context
+    ):
+        """Run one state-changing entry kernel: the one path of ``append``, ``admit`` and
+        ``release``.
 
-        A raising ``on_evict`` becomes a ``CallbackError`` carrying ``result``: the call has
-        committed, so its result must still reach the caller.
+        Grows the record buffers and retries while the kernel asks for them (``grow(result)``;
+        growing replaces the scratch arena, so the arenas are read anew for each try); with a
+        page pool, holds the pool's lock, gives back orphaned pages first and reclaims pages on
+        exhaustion of an ``atomic`` call (``_run_with_reclaim``). A failure raises its typed
+        exception (``ids`` and ``context`` name the inputs for the message) and changed
+        nothing; a committed call counts a partial failure, builds its result from the
+        kernel's result fields with ``build`` and delivers every callback (``CallbackError``
+        carries the result). ``first`` is the result of a first try the caller made already
+        (without a pool).
         """
-        if self._scr[S_FAILED]:
+
+        def until_buffers_fit(result=None):
+            while True:
+                if result is None:
+                    result = kernel(*args, *(self._args if self._pool is None else self._pargs))
+                if result[0] != E.ST_NEED_BUFFERS or grow is None:
+                    return result
+                grow(result)
+                result = None
+
+        if self._pool is None:
+            result, givers, pending = until_buffers_fit(first), (), None
+        else:
+            pending = self._orphans_first()
+            result, givers = self._run_with_reclaim(until_buffers_fit, atomic)
+        if result[0]:
+            needed, available = (result[2], result[3]) if len(result) > 2 else (0, 0)
+            self._raise(result[0], result[1], ids, needed=needed, available=available, **context)
+        if not atomic and self._scr[S_FAILED]:  # set by a partial append or admit only
             self._failed_calls += 1
-        if self._on_evict is not None:  # tested here: a method call costs a one-sequence append 5%
-            deliver_all((self._deliver_evictions,), result)
+        out = None if build is None else build(result[4:8])
+        if self._pool is not None:
+            self._deliver_paged(givers, out, pending)
+        elif self._on_evict is not None:
+            deliver_all((self._deliver_evictions,), out)
+        return out
 
     def _deliver_evictions(self) -> None:
         """Call ``on_evict`` with copies of this call's eviction records, if there are any."""

@@ -21,6 +21,9 @@ from kvnumba._state import (
     M_SLOT_BITS,
     M_SLOT_TOP,
     NIL,
+    S_EV_N,
+    S_FAILED,
+    S_MAP_N,
     S_STAMP,
     S_UNMAP_N,
 )
@@ -108,7 +111,12 @@ def run_release(slots, arena, scratch, pool):
     v = views(arena, scratch, pool)
     meta, seq_table = v.meta, v.seq_table
     block_size = v.tokens.shape[1]
+    # A release unmaps pages but never evicts, maps or fails part-way: the facade delivers
+    # this call's records like any other call's.
     v.scr[S_UNMAP_N] = 0
+    v.scr[S_EV_N] = 0
+    v.scr[S_MAP_N] = 0
+    v.scr[S_FAILED] = 0
     for i in range(slots.shape[0]):
         slot = slots[i]
         for pos in range(blocks_of(v.seq_len[slot], block_size) - 1, -1, -1):
