@@ -63,6 +63,9 @@ class PagedCalls:
         self._pool = pool
         if pool is None:
             return
+        from kvnumba.pages import _load_kernels
+
+        _load_kernels()  # the pool's repair and reclaim may run inside this manager's calls
         client = pool.register_client()
         me = pool.identity(client)
         meta = self._s.meta
@@ -242,6 +245,7 @@ class PagedCalls:
         """
         pool = self._pool
         with pool.lock():
+            pool._repair_if_torn()  # before any page is taken: repair rewrites the free stack
             result = run()
             if result[0] != E.ST_POOL_EXHAUSTED or not atomic:
                 return result, ()
