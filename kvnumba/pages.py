@@ -22,6 +22,7 @@ import re
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -74,6 +75,25 @@ def _check_callbacks(on_map, on_unmap) -> None:
         if callback is not None and not callable(callback):
             raise TypeError(f"{label} must be callable, got {type(callback).__name__}")
 
+
+# Pool objects and managers on a pool in this process, to re-read the identity they stamp on
+# pages after a fork (weak: the registry must not keep them alive).
+_FORK_AWARE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Give every pool object and paged manager of a forked child the child's own identity."""
+    if not _FORK_AWARE:
+        return
+    pid = os.getpid()
+    start = process_start_time(pid)
+    start = 0 if start is None else start
+    for obj in list(_FORK_AWARE):
+        obj._after_fork(pid, start)
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _KERNELS_LOADED = False
 
@@ -344,6 +364,7 @@ class PagePool:
         self._me_cache: dict[tuple[int, int], np.ndarray] = {}
         self._closed = False
         self._holding = _Holding(self) if shm is not None else None
+        _FORK_AWARE.add(self)
         # Weak references to the BlockManagers of this process on this pool object, in
         # registration order: the siblings that give up cache-only pages to a starving call.
         self._managers: list = []
@@ -497,6 +518,11 @@ class PagePool:
         died holding its lock (``reclaim_dead``); O(1) otherwise."""
         if self._shm is not None and self._head[K.H_TORN]:
             self.reclaim_dead()
+
+    def _after_fork(self, pid: int, start: int) -> None:
+        """In a forked child: forget the identities computed for the parent (a later process
+        may reuse one of their pids)."""
+        self._me_cache.clear()
 
     # --- properties -----------------------------------------------------------------------------
 
