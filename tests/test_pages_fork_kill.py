@@ -318,9 +318,10 @@ def test_sigkills_mid_call_leave_every_page_accounted_for():
             kind, role, pid, *rest = _get(results, procs)
             if kind == "ready":
                 pids[role] = pid
-            else:
-                assert kind == "killed", (kind, role, rest)
+            elif kind == "killed":
                 report = rest[0]
+            else:
+                raise AssertionError(f"{role} stopped early: {rest[0]['errors']}")
         starts = {role: process_start_time(pid) for role, pid in pids.items()}
         assert not report["errors"], report["errors"]
         assert report["kills"] == KILLS
