@@ -61,10 +61,16 @@ class PagedCalls:
         self._pool = pool
         if pool is None:
             return
+        from kvnumba.pages import _FORK_AWARE, _load_kernels
+
+        _load_kernels()  # the pool's repair and reclaim may run inside this manager's calls
         client = pool.register_client()
         me = pool.identity(client)
         meta = self._s.meta
         meta[M_CLIENT], meta[M_PID], meta[M_START] = me
+        # The kernels stamp the owner of every page they map from meta: a forked child must
+        # stamp its own pid, or the pages it maps die with its parent (reclaim_dead).
+        _FORK_AWARE.add(self)
         self._client = client
         self._pargs = (self._arena, self._scratch, pool.arena)
         pool._managers[:] = [ref for ref in pool._managers if ref() is not None]
@@ -73,6 +79,16 @@ class PagedCalls:
         # finalizer only queues them (it may run inside any allocation, even an import); the
         # pool's next call from a manager gives them back.
         self._finalizer = weakref.finalize(self, pool._orphans.append, (client, self._s.page_phys))
+
+    def _after_fork(self, pid: int, start: int) -> None:
+        """In a forked child: record the child's pid and start time on the pages it maps.
+
+        Pages mapped before the fork keep the parent's stamp; the parent's copy of the manager
+        holds them as well, so a manager and its pages belong to one of the two processes.
+        """
+        meta = self._s.meta
+        meta[M_PID] = pid
+        meta[M_START] = start
 
     @property
     def page_pool(self):
@@ -187,6 +203,7 @@ class PagedCalls:
         """
         pool = self._pool
         with pool.lock():
+            pool._repair_if_torn()  # before any page is taken: repair rewrites the free stack
             result = run()
             if result[0] != E.ST_POOL_EXHAUSTED or not atomic:
                 return result, ()

@@ -22,6 +22,7 @@ import re
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -73,6 +74,50 @@ def _check_callbacks(on_map, on_unmap) -> None:
     for label, callback in (("on_map", on_map), ("on_unmap", on_unmap)):
         if callback is not None and not callable(callback):
             raise TypeError(f"{label} must be callable, got {type(callback).__name__}")
+
+
+# Pool objects and managers on a pool in this process, to re-read the identity they stamp on
+# pages after a fork (weak: the registry must not keep them alive).
+_FORK_AWARE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Give every pool object and paged manager of a forked child the child's own identity."""
+    if not _FORK_AWARE:
+        return
+    pid = os.getpid()
+    start = process_start_time(pid)
+    start = 0 if start is None else start
+    for obj in list(_FORK_AWARE):
+        obj._after_fork(pid, start)
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_KERNELS_LOADED = False
+
+
+def _load_kernels() -> None:
+    """Compile (or load from numba's cache) the pool workers before any lock is taken.
+
+    A pool call, and the repair or reclaim an allocating call may run, would otherwise compile
+    while it holds the lock and block every other process for the compile's duration. They run
+    once on a throwaway one-page arena with the argument types of the real calls.
+    """
+    global _KERNELS_LOADED
+    if _KERNELS_LOADED:
+        return
+    arena = np.zeros(K.arena_layout(1)[2], dtype=np.uint8)
+    K.init_arena(arena, 1)
+    me = np.array([1, 1, 1], dtype=np.int64)
+    out = np.empty(1, dtype=np.int64)
+    none = np.empty(0, dtype=np.int64)
+    K.map_pages(arena, me, none, out)
+    K.unmap_pages(arena, 1, none, out)
+    K.reclaim_pages(arena, none, none, out, out)
+    K.repair_pages(arena, np.zeros(1, dtype=np.uint8))
+    _KERNELS_LOADED = True
 
 
 class PoolState(NamedTuple):
@@ -213,6 +258,40 @@ class _FileLock:
             lock.file.close()
 
 
+class _Holding:
+    """The lock of one shared pool object, which also records its holder in the pool's head.
+
+    The outermost acquisition in a process writes the process's pid into ``H_HOLDER`` and the
+    release writes 0 back before it lets go, so a pid found there by the next holder names a
+    process that died holding the lock, perhaps inside a kernel with a page half-written. That
+    pid is kept in ``H_TORN`` until :meth:`PagePool.reclaim_dead` repaired the pool; the next
+    allocating call runs it (``PagePool._repair_if_torn``).
+    """
+
+    __slots__ = ("_lock", "_pool")
+
+    def __init__(self, pool: PagePool):
+        self._pool = pool
+        self._lock = None
+
+    def __enter__(self) -> None:
+        lock = self._lock = _FileLock.of(self._pool._name)
+        lock.__enter__()
+        if lock.depth == 1:
+            head = self._pool._head
+            holder = int(head[K.H_HOLDER])
+            if holder:
+                head[K.H_TORN] = holder
+            head[K.H_HOLDER] = lock.pid
+
+    def __exit__(self, *exc) -> None:
+        lock = self._lock
+        head = self._pool._head
+        if lock.depth == 1 and head is not None:
+            head[K.H_HOLDER] = 0
+        lock.__exit__()
+
+
 class PagePool:
     """A pool of physical pages mapped on demand to the virtual pages of several clients.
 
@@ -284,6 +363,8 @@ class PagePool:
         self._num_pages = int(head[K.H_NUM_PAGES])
         self._me_cache: dict[tuple[int, int], np.ndarray] = {}
         self._closed = False
+        self._holding = _Holding(self) if shm is not None else None
+        _FORK_AWARE.add(self)
         # Weak references to the BlockManagers of this process on this pool object, in
         # registration order: the siblings that give up cache-only pages to a starving call.
         self._managers: list = []
@@ -430,7 +511,18 @@ class PagePool:
             raise ValueError("the page pool is closed")
         if self._shm is None:
             return _NO_LOCK  # one process, one thread at a time: nothing to serialise
-        return self._locked_file()
+        return self._holding
+
+    def _repair_if_torn(self) -> None:
+        """Under the lock, at the start of an allocating call: repair the pool if a process
+        died holding its lock (``reclaim_dead``); O(1) otherwise."""
+        if self._shm is not None and self._head[K.H_TORN]:
+            self.reclaim_dead()
+
+    def _after_fork(self, pid: int, start: int) -> None:
+        """In a forked child: forget the identities computed for the parent (a later process
+        may reuse one of their pids)."""
+        self._me_cache.clear()
 
     # --- properties -----------------------------------------------------------------------------
 
@@ -489,9 +581,15 @@ class PagePool:
         return PoolState(*views)
 
     def snapshot(self) -> PoolState:
-        """Copies of the pool arrays, taken under the lock."""
+        """Copies of the pool arrays, taken under the lock.
+
+        The lock holder's slot (``H_HOLDER``) reads 0: it belongs to the lock, and would name
+        this process only because the snapshot holds the lock.
+        """
         with self.lock():
-            return PoolState(self._head.copy(), self._free.copy(), self._owner.copy())
+            head = self._head.copy()
+            head[K.H_HOLDER] = 0
+            return PoolState(head, self._free.copy(), self._owner.copy())
 
     # --- clients --------------------------------------------------------------------------------
 
@@ -541,7 +639,8 @@ class PagePool:
         """Map one physical page to each of ``virtual_ids`` for ``client``, all or nothing.
 
         If the pool has too few free pages it first frees the pages of dead processes
-        (:meth:`reclaim_dead`) and tries again.
+        (:meth:`reclaim_dead`) and tries again. If a process died holding the pool's lock, the
+        call first repairs what it left half-written (:meth:`reclaim_dead` too).
 
         Parameters
         ----------
@@ -569,7 +668,9 @@ class PagePool:
         virtual_ids = index_array(virtual_ids, "virtual_ids")
         out = np.empty(virtual_ids.shape[0], dtype=np.int64)
         me = self.identity(client)
+        _load_kernels()
         with self.lock():
+            self._repair_if_torn()
             status, bad, available = K.map_pages(self._arena, me, virtual_ids, out)
             if status == ST_POOL_EXHAUSTED and self.reclaim_dead() > 0:
                 status, bad, available = K.map_pages(self._arena, me, virtual_ids, out)
@@ -609,6 +710,7 @@ class PagePool:
         client = self._client(client)
         physical_ids = index_array(physical_ids, "physical_ids")
         virtual = np.empty(physical_ids.shape[0], dtype=np.int64)
+        _load_kernels()
         with self.lock():
             status, bad = K.unmap_pages(self._arena, client, physical_ids, virtual)
         if status != ST_OK:
@@ -707,34 +809,51 @@ class PagePool:
         return None if record[K.O_CLIENT] == K.NO_CLIENT else tuple(record)
 
     def reclaim_dead(self) -> int:
-        """Free the pages whose owner process is no longer running.
+        """Repair what killed processes left half-written, and free the pages of dead owners.
 
-        An owner is dead if its pid does not exist, is a zombie, or belongs to a process with a
-        different start time (the pid was reused). Scans the owner table and checks each distinct
-        owner process once. ``on_unmap`` is not called: the pages were not this process's.
+        First the repair: a process killed inside a pool call can leave a page popped off the
+        free stack without a complete owner record, pushed back with its record not yet reset,
+        or marked by an unmap; such pages are freed (or, for a mark, given back to their owner),
+        so that :meth:`check` passes again. Then every page whose owner process is no longer
+        running is freed: an owner is dead if its pid does not exist, is a zombie, or belongs to
+        a process with a different start time (the pid was reused). Scans the owner table and
+        checks each distinct owner process once. ``on_unmap`` is not called: the pages were not
+        this process's. An allocating call runs it itself when it finds the pool exhausted or a
+        process died holding the pool's lock.
 
         Returns
         -------
         int
             Pages freed.
         """
+        _load_kernels()
+        seen = np.zeros(self._num_pages, dtype=np.uint8)
         with self.lock():
-            owned = self._owner[self._owner[:, K.O_CLIENT] != K.NO_CLIENT]
-            if owned.shape[0] == 0:
-                return 0
-            owners = np.unique(owned[:, K.O_PID : K.O_START + 1], axis=0)
-            dead = [
-                (pid, start)
-                for pid, start in owners.tolist()  # a loop over processes, not pages
-                if process_start_time(pid) != start
-            ]
-            if not dead:
-                return 0
-            pids = np.array([d[0] for d in dead], dtype=np.int64)
-            starts = np.array([d[1] for d in dead], dtype=np.int64)
-            out = np.empty(owned.shape[0], dtype=np.int64)
-            virtual = np.empty(owned.shape[0], dtype=np.int64)
-            return int(K.reclaim_pages(self._arena, pids, starts, out, virtual))
+            freed, _ = K.repair_pages(self._arena, seen)
+            if freed:
+                self._head[K.H_RECLAIMED] += freed
+            if self._head[K.H_TORN]:
+                self._head[K.H_TORN] = 0
+            return freed + self._reclaim_owners()
+
+    def _reclaim_owners(self) -> int:
+        """Free the pages of dead owner processes (under the lock; see :meth:`reclaim_dead`)."""
+        owned = self._owner[self._owner[:, K.O_CLIENT] != K.NO_CLIENT]
+        if owned.shape[0] == 0:
+            return 0
+        owners = np.unique(owned[:, K.O_PID : K.O_START + 1], axis=0)
+        dead = [
+            (pid, start)
+            for pid, start in owners.tolist()  # a loop over processes, not pages
+            if process_start_time(pid) != start
+        ]
+        if not dead:
+            return 0
+        pids = np.array([d[0] for d in dead], dtype=np.int64)
+        starts = np.array([d[1] for d in dead], dtype=np.int64)
+        out = np.empty(owned.shape[0], dtype=np.int64)
+        virtual = np.empty(owned.shape[0], dtype=np.int64)
+        return int(K.reclaim_pages(self._arena, pids, starts, out, virtual))
 
     def stats(self) -> dict[str, int]:
         """Counters: ``num_pages``, ``free``, ``mapped``, ``maps``, ``unmaps``, ``reclaimed``,
@@ -761,7 +880,9 @@ class PagePool:
         Raises
         ------
         InvariantViolation
-            Naming the first inconsistency.
+            Naming the first inconsistency. A page record or free-stack entry left half-written
+            by a process killed inside a pool call is reported with a note that
+            :meth:`reclaim_dead` repairs it (as the next allocating call does).
         """
         head, free, owner = self.snapshot()
         n = self._num_pages
@@ -770,32 +891,43 @@ class PagePool:
             raise InvariantViolation("page pool header is corrupt")
         if not 0 <= top <= n:
             raise InvariantViolation(f"free-stack top {top} outside 0..{n}")
+        # Every inconsistency below is one that repair_pages undoes.
+        torn = int(head[K.H_TORN])
+        cause = (
+            f"process {torn} died holding the pool's lock"
+            if torn
+            else "a process killed inside a pool call can leave this"
+        )
+        hint = f" ({cause}; reclaim_dead() repairs it, as does the next call that maps pages)"
         stack = free[:top]
         if stack.size and (stack.min() < 0 or stack.max() >= n):
-            raise InvariantViolation("free stack holds a page id out of range")
+            raise InvariantViolation("free stack holds a page id out of range" + hint)
         counts = np.bincount(stack, minlength=n)
         if counts.max(initial=0) > 1:
-            raise InvariantViolation(f"page {int(np.argmax(counts))} is on the free stack twice")
+            raise InvariantViolation(
+                f"page {int(np.argmax(counts))} is on the free stack twice" + hint
+            )
         is_free = counts == 1
         clients = owner[:, K.O_CLIENT]
         bad = np.flatnonzero(is_free & (clients != K.NO_CLIENT))
         if bad.size:
             raise InvariantViolation(
                 f"page {int(bad[0])} is on the free stack but owned by client {clients[bad[0]]}"
+                + hint
             )
         free_rows = owner[is_free]
         if free_rows.size and not (free_rows == np.array([-1, 0, 0, -1])).all():
-            raise InvariantViolation("a free page has a non-canonical owner record")
+            raise InvariantViolation("a free page has a non-canonical owner record" + hint)
         held = owner[~is_free]
         next_client = int(head[K.H_NEXT_CLIENT])
         lost = np.flatnonzero(~is_free & ((clients < 1) | (clients >= next_client)))
         if lost.size:
             raise InvariantViolation(
                 f"page {int(lost[0])} is neither free nor owned by a valid client "
-                f"(client {clients[lost[0]]})"
+                f"(client {clients[lost[0]]})" + hint
             )
         if held.size and ((held[:, K.O_PID] <= 0).any() or (held[:, K.O_VIRTUAL] < 0).any()):
-            raise InvariantViolation("a mapped page has no owner pid or no virtual page")
+            raise InvariantViolation("a mapped page has no owner pid or no virtual page" + hint)
         if top + held.shape[0] != n:  # pragma: no cover - implied by the checks above
             raise InvariantViolation(f"free {top} + mapped {held.shape[0]} != {n} pages")
 

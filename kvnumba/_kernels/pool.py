@@ -46,6 +46,11 @@ H_UNMAPS = 6  # pages unmapped by committed unmap calls of the facade
 H_RECLAIMED = 7  # pages freed by reclaim_dead
 H_FREE_OFFSET = 8  # byte offset of ``free`` in the arena
 H_OWNER_OFFSET = 9  # byte offset of ``owner`` in the arena
+# A shared pool's lock holder writes its pid here while it holds the lock and 0 before it lets
+# go, so a pid found here by the next holder is a process that died holding it (maybe inside a
+# kernel, with a page half-written): that pid is then kept in H_TORN until a repair.
+H_HOLDER = 10
+H_TORN = 11
 HEAD_SIZE = 16
 HEAD_BYTES = 8 * HEAD_SIZE
 POOL_MAGIC = 0x6B766E756D626150  # "kvnumbaP"
@@ -170,6 +175,15 @@ def pool_take(head, free, owner, me, virtual):
     return p
 
 
+@inlined
+def pool_give_record(owner, p):
+    """Write the free record (-1, 0, 0, -1) into row ``p`` of ``owner``."""
+    owner[p, O_CLIENT] = NO_CLIENT
+    owner[p, O_PID] = 0
+    owner[p, O_START] = 0
+    owner[p, O_VIRTUAL] = -1
+
+
 @inlined(void(array_type("int64"), array_type("int64"), array_type("int64", 2), int64))
 def pool_give(head, free, owner, p):
     """Return physical page ``p`` to the free stack and reset its record; O(1).
@@ -181,10 +195,7 @@ def pool_give(head, free, owner, p):
     top = head[H_FREE_TOP]
     free[top] = p
     head[H_FREE_TOP] = top + 1
-    owner[p, O_CLIENT] = NO_CLIENT
-    owner[p, O_PID] = 0
-    owner[p, O_START] = 0
-    owner[p, O_VIRTUAL] = -1
+    pool_give_record(owner, p)
 
 
 @inlined
@@ -272,6 +283,68 @@ def unmap_pages(arena, client, physical_ids, out_virtual):
         pool_give(head, free, owner, p)
     head[H_UNMAPS] += n
     return ST_OK, -1
+
+
+@njit(cache=True, _nrt=False)  # called by the facade
+def repair_pages(arena, seen):
+    """Repair what a process killed inside a pool kernel left half-written.
+
+    A kernel writes in program order: a take pops the free stack, then fills the owner record
+    (client, pid, start time, virtual page); a give pushes the page, then writes the free
+    record; an unmap first flips the client token of each page it validates (``~client``).
+    Interrupted, they leave a page on the stack with a non-free record (the give meant it free:
+    the record is reset), a page off the stack with an incomplete record (its take died with
+    its process: the page is pushed back) or a flipped token (restored: the page's owner then
+    decides its fate as for any page). Out-of-range ids and second copies on the stack are
+    dropped. ``seen`` is a zeroed uint8 scratch of ``num_pages``.
+
+    Returns ``(freed, fixed)``: pages made free, and other repairs. On a sound pool it writes
+    nothing, so it may run at the start of any call (but never between a sibling's give-up and
+    its rollback, which restore stack slots by position). With the free-stack top itself out of
+    range it changes nothing and returns ``(0, -1)``.
+    """
+    head, free, owner = pool_views(arena)
+    n = owner.shape[0]
+    top = head[H_FREE_TOP]
+    if top < 0 or top > n:
+        return 0, -1
+    freed = 0
+    fixed = 0
+    kept = 0
+    for i in range(top):
+        p = free[i]
+        if p < 0 or p >= n or seen[p]:
+            fixed += 1
+            continue
+        seen[p] = 1
+        if kept != i:
+            free[kept] = p
+        kept += 1
+    next_client = head[H_NEXT_CLIENT]
+    for p in range(n):
+        if seen[p]:
+            if (
+                owner[p, O_CLIENT] != NO_CLIENT
+                or owner[p, O_PID] != 0
+                or owner[p, O_START] != 0
+                or owner[p, O_VIRTUAL] != -1
+            ):
+                pool_give_record(owner, p)
+                freed += 1
+            continue
+        client = owner[p, O_CLIENT]
+        if client < NO_CLIENT:
+            client = ~client
+            owner[p, O_CLIENT] = client
+            fixed += 1
+        if client < 1 or client >= next_client or owner[p, O_PID] <= 0 or owner[p, O_VIRTUAL] < 0:
+            free[kept] = p
+            kept += 1
+            pool_give_record(owner, p)
+            freed += 1
+    if kept != top:
+        head[H_FREE_TOP] = kept
+    return freed, fixed
 
 
 @njit(cache=True, _nrt=False)  # called by the facade
