@@ -10,10 +10,6 @@ give-ups are rolled back if the retry fails too. ``docs/design.md`` states the p
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import weakref
-
 import numpy as np
 
 from kvnumba import errors as E
@@ -73,12 +69,7 @@ class PagedCalls:
         _FORK_AWARE.add(self)
         self._client = client
         self._pargs = (self._arena, self._scratch, pool.arena)
-        pool._managers[:] = [ref for ref in pool._managers if ref() is not None]
-        pool._managers.append(weakref.ref(self))
-        # A manager that is gone can no longer use its pages: they go back to the pool. The
-        # finalizer only queues them (it may run inside any allocation, even an import); the
-        # pool's next call from a manager gives them back.
-        self._finalizer = weakref.finalize(self, pool._orphans.append, (client, self._s.page_phys))
+        self._finalizer = pool._coordinator.register(self, client, self._s.page_phys)
 
     def _after_fork(self, pid: int, start: int) -> None:
         """In a forked child: record the child's pid and start time on the pages it maps.
@@ -109,10 +100,7 @@ class PagedCalls:
             if need <= available:
                 return True
             # What sibling reclaim could add: whole pages, up to the unmapped virtual pages.
-            free_pages = self._pool.num_free
-            vtop = int(self._s.meta[M_VTOP])
-            extra = sum(int(m._s.meta[M_CO_COUNT]) for m in self._siblings())
-            gained = min(free_pages + extra, vtop) - min(free_pages, vtop)
+            gained = self._pool._coordinator.pages_gained(self)
             return bool(need <= available + gained * self._k)
 
     def trim(self) -> int:
@@ -160,7 +148,7 @@ class PagedCalls:
             return
         self._finalizer()
         pool = self._pool
-        pool._managers[:] = [ref for ref in pool._managers if ref() not in (None, self)]
+        pool._coordinator.unregister(self)
 
         def closed(*args):
             raise ValueError("the block manager is closed")
@@ -169,10 +157,10 @@ class PagedCalls:
             if name.startswith("_k_"):
                 setattr(self, name, closed)
         if pool.closed:
-            pool._orphans.clear()  # nothing left to give the pages back to
+            pool._coordinator.drop_orphans()  # nothing left to give the pages back to
         else:
             # Last, so that a raising on_unmap finds the manager closed already.
-            deliver_all((), None, give_back_orphans(pool))
+            deliver_all((), None, pool._coordinator.give_back_orphans())
 
     def mapped_pages(self) -> np.ndarray:
         """Physical page ids this manager holds, in virtual page order (empty without a pool).
@@ -186,89 +174,42 @@ class PagedCalls:
         phys = self._s.page_phys
         return phys[phys != NIL].astype(np.int64)
 
-    # ------------------------------------------------------------------------ sibling reclaim
-    def _siblings(self) -> list:
-        """Other live managers registered on this manager's pool object, in registration order."""
-        alive = []
-        for ref in self._pool._managers:
-            manager = ref()
-            if manager is not None and manager is not self and manager._finalizer.alive:
-                alive.append(manager)
-        return alive
+    # ------------------------------------------- what the pool's coordinator asks of a manager
+    def _unmapped_pages(self) -> int:
+        """Virtual pages without a physical page (what more pages could back)."""
+        return int(self._s.meta[M_VTOP])
 
-    def _run_with_reclaim(self, run, atomic):
-        """Run an allocating call under the pool lock; on exhaustion reclaim pages and retry.
+    def _shortfall(self) -> int:
+        """Blocks the last failed call lacked where it failed."""
+        return int(self._scr[S_SHORT])
 
-        Returns the kernel's result and the siblings whose give-ups the call committed.
-        """
-        pool = self._pool
-        with pool.lock():
-            pool._repair_if_torn()  # before any page is taken: repair rewrites the free stack
-            result = run()
-            if result[0] != E.ST_POOL_EXHAUSTED or not atomic:
-                return result, ()
-            # Only a shared pool can hold pages of processes that died.
-            if pool.is_shared and pool.num_free < int(self._s.meta[M_VTOP]):
-                if pool.reclaim_dead() > 0:
-                    result = run()
-                    if result[0] != E.ST_POOL_EXHAUSTED:
-                        return result, ()
-            givers: list = []
-            try:
-                self._ask_siblings(int(self._scr[S_SHORT]), givers)
-                if not givers:
-                    return result, ()
-                retry = run()
-            except BaseException:
-                # Whatever interrupted the reclaim, the siblings get their pages back.
-                for sibling in reversed(givers):
-                    sibling._k_rollback_give_up(*sibling._pargs)
-                raise
-            if retry[0] == E.ST_POOL_EXHAUSTED:
-                for sibling in reversed(givers):
-                    sibling._k_rollback_give_up(*sibling._pargs)
-                return result, ()
-            for sibling in givers:
-                sibling._k_commit_give_up(*sibling._pargs)
-            return retry, givers
+    def _cache_only_count(self) -> int:
+        """Pages holding cached blocks and no referenced one."""
+        return int(self._s.meta[M_CO_COUNT])
 
-    def _ask_siblings(self, shortfall: int, givers: list) -> None:
-        """Have siblings give up the cache-only pages this call lacks, oldest first (logged).
-
-        ``shortfall`` is the number of blocks the call lacked where it failed. The siblings
-        that gave pages are appended to ``givers`` (in registration order) as they do; none
-        give any if they cannot cover the shortfall or this manager has too few unmapped virtual
-        pages to use the pages.
-        """
-        wanted = -(-shortfall // self._k)
-        if wanted <= 0 or self._pool.num_free + wanted > int(self._s.meta[M_VTOP]):
-            return
-        siblings = self._siblings()
-        if sum(int(m._s.meta[M_CO_COUNT]) for m in siblings) < wanted:
-            return
-        # Merge the siblings' cache-only lists (each already in stamp order) by stamp.
-        lists = [
-            [(int(m._s.page_stamp[v]), i) for v in m._cache_only_pages(wanted)]
-            for i, m in enumerate(siblings)
-        ]
-        shares = [0] * len(siblings)
-        for _, i in itertools.islice(heapq.merge(*lists), wanted):
-            shares[i] += 1
-        for share, sibling in zip(shares, siblings, strict=True):
-            if share:
-                sibling._ensure_records(share * sibling._k, logged_pages=share)
-                sibling._k_give_up(share, True, *sibling._pargs)
-                givers.append(sibling)
-
-    def _cache_only_pages(self, limit: int) -> list[int]:
-        """The first ``limit`` pages of the cache-only list (a walk of at most ``limit``)."""
-        co_next = self._s.co_next
+    def _cache_only_stamps(self, limit: int) -> list[tuple[int, int]]:
+        """``(stamp, page)`` of the first ``limit`` cache-only pages, oldest stamp first (a walk
+        of at most ``limit``)."""
+        co_next, stamps = self._s.co_next, self._s.page_stamp
         out = []
         v = int(self._s.meta[M_CO_HEAD])
         while v != NIL and len(out) < limit:
-            out.append(v)
+            out.append((int(stamps[v]), v))
             v = int(co_next[v])
         return out
+
+    def _give_up(self, pages: int) -> None:
+        """Give up the ``pages`` oldest cache-only pages, logged until committed or rolled back."""
+        self._ensure_records(pages * self._k, logged_pages=pages)
+        self._k_give_up(pages, True, *self._pargs)
+
+    def _commit_give_up(self) -> None:
+        """Keep a logged give-up (a starving sibling used the pages)."""
+        self._k_commit_give_up(*self._pargs)
+
+    def _rollback_give_up(self) -> None:
+        """Undo a logged give-up: the pages are this manager's again, byte for byte."""
+        self._k_rollback_give_up(*self._pargs)
 
     def _ensure_records(self, evictions: int, logged_pages: int = 0) -> None:
         """Grow the scratch so that a give-up evicting ``evictions`` blocks fits."""
@@ -287,13 +228,14 @@ class PagedCalls:
 
     # ------------------------------------------------------------------------------ callbacks
     def _orphans_first(self):
-        """Give back the pages of collected managers before a call (see ``give_back_orphans``).
+        """Give back the pages of collected managers before a call (the coordinator's
+        ``give_back_orphans``).
 
         Returns the first exception an ``on_unmap`` raised, for the call to raise as the cause
         of its ``CallbackError`` once it has committed (the call itself still runs).
         """
-        pool = self._pool
-        return give_back_orphans(pool) if pool._orphans else None
+        coordinator = self._pool._coordinator
+        return coordinator.give_back_orphans() if coordinator.has_orphans else None
 
     def _deliver_paged(self, givers, result, pending=None) -> None:
         """Callbacks of a committed call: the siblings' give-ups first, then this manager's.
@@ -348,23 +290,3 @@ def deliver_all(deliveries, result=None, pending=None) -> None:
                 error = exc
     if error is not None:
         raise E.CallbackError(result) from error
-
-
-def give_back_orphans(pool) -> Exception | None:
-    """Unmap the pages of managers that were closed or garbage-collected (``on_unmap`` too).
-
-    Returns the first exception ``on_unmap`` raised, not raising it: every orphan is still
-    given back, and the caller decides when the error surfaces.
-    """
-    error = None
-    while pool._orphans:
-        client, physical = pool._orphans.pop(0)
-        held = physical[physical != NIL].astype(np.int64)
-        if held.size:
-            try:
-                pool.unmap_pages(client, held)
-            except E.CallbackError as exc:
-                # The pages are back; only the callback failed. Keep its own exception.
-                if error is None:
-                    error = exc.__cause__
-    return error

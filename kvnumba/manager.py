@@ -589,7 +589,7 @@ class BlockManager(PagedCalls):
         Grows the record buffers and retries while the kernel asks for them (``grow(result)``;
         growing replaces the scratch arena, so the arenas are read anew for each try); with a
         page pool, holds the pool's lock, gives back orphaned pages first and reclaims pages on
-        exhaustion of an ``atomic`` call (``_run_with_reclaim``). A failure raises its typed
+        exhaustion of an ``atomic`` call (the pool's coordinator). A failure raises its typed
         exception (``ids`` and ``context`` name the inputs for the message) and changed
         nothing; a committed call counts a partial failure, builds its result from the
         kernel's result fields with ``build`` and delivers every callback (``CallbackError``
@@ -610,7 +610,9 @@ class BlockManager(PagedCalls):
             result, givers, pending = until_buffers_fit(first), (), None
         else:
             pending = self._orphans_first()
-            result, givers = self._run_with_reclaim(until_buffers_fit, atomic)
+            result, givers = self._pool._coordinator.run_with_reclaim(
+                self, until_buffers_fit, atomic
+            )
         if result[0]:
             needed, available = (result[2], result[3]) if len(result) > 2 else (0, 0)
             self._raise(result[0], result[1], ids, needed=needed, available=available, **context)

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kvnumba._coordinator import PoolCoordinator
 from kvnumba._inputs import check_state_bytes, index_array, positive_int
 from kvnumba._kernels import pool as K
 from kvnumba.errors import (
@@ -365,11 +366,9 @@ class PagePool:
         self._closed = False
         self._holding = _Holding(self) if shm is not None else None
         _FORK_AWARE.add(self)
-        # Weak references to the BlockManagers of this process on this pool object, in
-        # registration order: the siblings that give up cache-only pages to a starving call.
-        self._managers: list = []
-        # (client, pages) of managers that were closed or collected, pages not yet given back.
-        self._orphans: list = []
+        # The BlockManagers of this process on this pool object, their orphaned pages and the
+        # reclaim between them.
+        self._coordinator = PoolCoordinator(self)
 
     @classmethod
     def shared(

@@ -296,9 +296,9 @@ def test_a_sibling_give_up_rolls_back_byte_for_byte():
     m2.release([a, b])
     before = snapshots(pool, m1, m2)
     givers = []
-    m1._ask_siblings(5, givers)  # five blocks lacking: two pages wanted
+    pool._coordinator.ask_siblings(m1, 5, givers)  # five blocks lacking: two pages wanted
     assert givers == [m2] and m2.mapped_pages().tolist() == [] and pool.num_free == 3
-    m2._k_rollback_give_up(*m2._pargs)
+    m2._rollback_give_up()
     assert_unchanged(before, pool, m1, m2)
     m2.check()
 
