@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "BlockManager": "kvnumba.manager",
     "Sequence": "kvnumba.sequence",
-    "PagePool": "kvnumba.pages",
+    "PagePool": "kvnumba.physical_pages",
 }
 
 __all__ = [

@@ -18,7 +18,6 @@ from kvnumba._ids import new_tag, split_id
 from kvnumba._inputs import check_state_bytes, index_array, positive_int
 from kvnumba._kernels.check import MESSAGES
 from kvnumba._kernels.undo import undo_log_rows
-from kvnumba._paged import PagedCalls, deliver_all
 from kvnumba._state import (
     M_ALLOCATIONS,
     M_CACHED,
@@ -42,6 +41,7 @@ from kvnumba._state import (
     scratch_dims,
     state_dims,
 )
+from kvnumba._virtual_pages import PagedCalls, deliver_all
 from kvnumba.results import AdmitResult, AppendResult, Stats
 
 _NO_TOKENS = np.empty(0, dtype=np.int64)

@@ -188,16 +188,16 @@ def test_shared_pool_accepts_a_long_portable_name():
 
 
 def test_failed_shared_creation_leaves_no_lock_file(monkeypatch):
-    import kvnumba.pages as pages
+    import kvnumba.physical_pages as pages
 
     def fail(*args, **kwargs):
         raise OSError("no room")
 
-    monkeypatch.setattr(pages, "_open_shm", fail)
+    monkeypatch.setattr(pages, "open_shm", fail)  # the name physical_pages calls
     name = f"kvn-t-{uuid.uuid4().hex[:12]}"
     with pytest.raises(OSError, match="no room"):
         PagePool.shared(name, 2)
-    assert not os.path.exists(pages._lock_path(name))
+    assert not os.path.exists(pages.lock_path(name))
 
 
 # ----------------------------------------------------- hole 6: pool callbacks callable

@@ -10,7 +10,7 @@ tests of its private kernels:
 - the intrusive list helper (:mod:`kvnumba._kernels.links`), with and without a tail, and its
   "dancing links" property;
 - the undo log (:mod:`kvnumba._kernels.undo`) and :func:`rollback`, for every logged field;
-- the page buckets (:mod:`kvnumba._kernels.paging`): which block ``take_from_pages`` picks.
+- the page buckets (:mod:`kvnumba._kernels.virtual_pages`): which block ``take_from_pages`` picks.
 
 Notes
 -----
@@ -34,7 +34,6 @@ from numba import njit
 import kvnumba
 from kvnumba import BlockManager, PagePool
 from kvnumba._kernels.links import list_push_back, list_push_front, list_unlink
-from kvnumba._kernels.paging import free_in_page, take_from_pages
 from kvnumba._kernels.prefix import (
     chain_hash,
     root_hash,
@@ -46,6 +45,7 @@ from kvnumba._kernels.prefix import (
 from kvnumba._kernels.rollback import rollback
 from kvnumba._kernels.undo import NOT_LOGGED, U_TOKROW, log_write, set_logged
 from kvnumba._kernels.views import views
+from kvnumba._kernels.virtual_pages import free_in_page, take_from_pages
 from kvnumba._state import (
     EMPTY,
     FIELD,

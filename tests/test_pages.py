@@ -16,8 +16,8 @@ from numba import njit
 
 import kvnumba
 from kvnumba import PagePool, PoolExhausted
-from kvnumba._kernels import pool as K
-from kvnumba.pages import process_start_time
+from kvnumba._kernels import physical_pages as K
+from kvnumba.physical_pages import process_start_time
 
 
 def same(before, after) -> None:

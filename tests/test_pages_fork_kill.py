@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 
 from kvnumba import BlockManager, InvariantViolation, PagePool, PoolExhausted
-from kvnumba._kernels import pool as K
-from kvnumba.pages import process_start_time
+from kvnumba._kernels import physical_pages as K
+from kvnumba.physical_pages import process_start_time
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="needs /proc, fork and POSIX shared memory"

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from kvnumba import BlockManager, PagePool, PoolExhausted
-from kvnumba._kernels import pool as K
+from kvnumba._kernels import physical_pages as K
 from kvnumba._state import NIL
 
 pytestmark = pytest.mark.skipif(

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from kvnumba import BlockManager, InvariantViolation, PagePool
-from kvnumba._kernels import pool as K
+from kvnumba._kernels import physical_pages as K
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="needs /proc and POSIX shared memory"

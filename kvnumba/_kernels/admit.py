@@ -6,12 +6,12 @@ from kvnumba._kernels.append import append_general
 from kvnumba._kernels.blocks import claim_cached
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import out_of_line
-from kvnumba._kernels.paging import free_now
 from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
 from kvnumba._kernels.rollback import rollback
 from kvnumba._kernels.sequences import open_slot
 from kvnumba._kernels.undo import log_write, undo_log_rows_kernel
 from kvnumba._kernels.views import views
+from kvnumba._kernels.virtual_pages import free_now
 from kvnumba._state import (
     FIELD,
     M_CACHED,

@@ -5,11 +5,11 @@ import numpy as np
 from kvnumba._kernels.blocks import hand_out, register_full_block, take_block
 from kvnumba._kernels.geometry import blocks_of, div_block, mod_block
 from kvnumba._kernels.jit import inlined, out_of_line
-from kvnumba._kernels.paging import free_now
 from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
+from kvnumba._kernels.virtual_pages import free_now
 from kvnumba._state import (
     F_KNOWN,
     FIELD,

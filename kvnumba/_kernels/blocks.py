@@ -5,7 +5,7 @@ reference, hash and register a full block, claim a cached hit) is an :func:`.inl
 after LLVM inlines it, the views it takes are registers again (out of line, passing forty views
 cost about 200 ns per block). The page bookkeeping these steps reach (taking from a page,
 returning a block to it) runs once per page event at most and is compiled once, out of line
-(:mod:`.paging`).
+(:mod:`.virtual_pages`).
 """
 
 import numpy as np
@@ -13,7 +13,6 @@ from numba import int64, void
 
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.links import lru_push_tail, lru_unlink
-from kvnumba._kernels.paging import cache_in_page, free_in_page, page_gain_ref, take_from_pages
 from kvnumba._kernels.prefix import (
     chain_hash,
     root_hash,
@@ -23,6 +22,12 @@ from kvnumba._kernels.prefix import (
 )
 from kvnumba._kernels.undo import U_TOKROW, log_write, set_logged
 from kvnumba._kernels.views import VIEWS
+from kvnumba._kernels.virtual_pages import (
+    cache_in_page,
+    free_in_page,
+    page_gain_ref,
+    take_from_pages,
+)
 from kvnumba._state import (
     F_HASHED,
     F_KNOWN,

@@ -9,7 +9,7 @@ from numba import njit
 
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import out_of_line
-from kvnumba._kernels.pool import O_CLIENT, O_VIRTUAL, pool_views
+from kvnumba._kernels.physical_pages import O_CLIENT, O_VIRTUAL, pool_views
 from kvnumba._kernels.prefix import chain_hash, root_hash
 from kvnumba._kernels.views import header_entry, views
 from kvnumba._state import (

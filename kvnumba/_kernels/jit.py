@@ -1,6 +1,6 @@
 """The two kinds of helper of the kernel layer, as decorators.
 
-Entry kernels (:mod:`.entry`, and the page pool's three in :mod:`.pool`) are plain
+Entry kernels (:mod:`.entry`, and the page pool's three in :mod:`.physical_pages`) are plain
 ``@njit(cache=True)``: the facade calls them. Every other compiled function is a helper,
 compiled without numba's runtime (NRT) and without the Python and C wrappers numba would
 otherwise build (for a helper taking the forty views those wrappers were twice the size of its

@@ -9,7 +9,7 @@ import numpy as np
 
 from kvnumba._kernels.carve import carve
 from kvnumba._kernels.jit import inlined, out_of_line
-from kvnumba._kernels.pool import pool_give, pool_take, pool_views
+from kvnumba._kernels.physical_pages import pool_give, pool_take, pool_views
 from kvnumba._kernels.undo import U_POOL_FREE, U_POOL_GIVE, U_POOL_HEAD, U_POOL_TAKE, U_TOKROW
 from kvnumba._kernels.views import header_entry, views
 from kvnumba._state import (

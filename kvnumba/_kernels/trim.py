@@ -10,11 +10,11 @@ log open until that call has either committed (``commit_give_up``) or failed
 from kvnumba._kernels.blocks import evict_block
 from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.links import cache_only_unlink
-from kvnumba._kernels.paging import unmap_page
 from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.rollback import rollback
 from kvnumba._kernels.undo import set_logged
 from kvnumba._kernels.views import views
+from kvnumba._kernels.virtual_pages import unmap_page
 from kvnumba._state import (
     F_REGISTERED,
     FIELD,

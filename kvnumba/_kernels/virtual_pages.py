@@ -17,7 +17,7 @@ import numpy as np
 
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.links import bucket_push, bucket_unlink, cache_only_push, cache_only_unlink
-from kvnumba._kernels.pool import (
+from kvnumba._kernels.physical_pages import (
     H_FREE_TOP,
     H_MAPS,
     H_UNMAPS,

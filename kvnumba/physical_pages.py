@@ -3,7 +3,7 @@
 Two-level allocation: each manager has its own virtual block space, cut into virtual pages; a
 virtual page is backed by a physical page taken from the pool before any of its blocks is used
 and given back when it holds nothing. The pool state is a few flat int64 arrays carved out of one
-arena (see :mod:`kvnumba._kernels.pool`); every mutation is a kernel call over that arena.
+arena (see :mod:`kvnumba._kernels.physical_pages`); every mutation is a kernel call over that arena.
 
 A pool is either private to one process (``PagePool(num_pages)``) or lives in POSIX shared
 memory (``PagePool.shared(name, num_pages)`` / ``PagePool.attach(name)``), where every mutation
@@ -18,19 +18,17 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
-import re
-import sys
-import tempfile
-import time
-import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
 from kvnumba._coordinator import PoolCoordinator
+from kvnumba._filelock import FileLock, fcntl
 from kvnumba._inputs import check_state_bytes, index_array, positive_int
-from kvnumba._kernels import pool as K
+from kvnumba._kernels import physical_pages as K
+from kvnumba._process import FORK_AWARE, process_start_time
+from kvnumba._shm import check_name, lock_path, open_shm
 from kvnumba.errors import (
     ST_OK,
     ST_POOL_EXHAUSTED,
@@ -40,34 +38,9 @@ from kvnumba.errors import (
     PoolExhausted,
 )
 
-try:  # POSIX only; without it a shared pool cannot be created (a private one still works)
-    import fcntl
-except ImportError:  # pragma: no cover - non-POSIX platforms
-    fcntl = None
-
 __all__ = ["PagePool", "PoolState", "process_start_time"]
 
 _NO_LOCK = contextlib.nullcontext()
-# A shared pool's name is one portable file name: it becomes /dev/shm/<name> and the lock file
-# /dev/shm/<name>.kvnumba-lock, so a separator, a dot name or a NUL would put files elsewhere.
-_NAME_CHARS = re.compile(r"[A-Za-z0-9._-]+")
-MAX_NAME_LENGTH = 200  # the lock file's suffix must still fit a 255-byte file name
-
-
-def _check_name(name) -> str:
-    """``name`` if it is a valid shared pool name, else ``ValueError`` (see ``PagePool.shared``)."""
-    if not isinstance(name, str):
-        raise ValueError(f"a shared pool name must be a str, got {type(name).__name__}")
-    if not name or len(name) > MAX_NAME_LENGTH:
-        raise ValueError(
-            f"a shared pool name must have 1 to {MAX_NAME_LENGTH} characters, got {len(name)}"
-        )
-    if not _NAME_CHARS.fullmatch(name) or name.startswith("."):
-        raise ValueError(
-            f"shared pool name {name!r} is not a portable file name: use only letters, digits, "
-            "'.', '_' and '-', not starting with '.'"
-        )
-    return name
 
 
 def _check_callbacks(on_map, on_unmap) -> None:
@@ -76,25 +49,6 @@ def _check_callbacks(on_map, on_unmap) -> None:
         if callback is not None and not callable(callback):
             raise TypeError(f"{label} must be callable, got {type(callback).__name__}")
 
-
-# Pool objects and managers on a pool in this process, to re-read the identity they stamp on
-# pages after a fork (weak: the registry must not keep them alive).
-_FORK_AWARE: weakref.WeakSet = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """Give every pool object and paged manager of a forked child the child's own identity."""
-    if not _FORK_AWARE:
-        return
-    pid = os.getpid()
-    start = process_start_time(pid)
-    start = 0 if start is None else start
-    for obj in list(_FORK_AWARE):
-        obj._after_fork(pid, start)
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _KERNELS_LOADED = False
 
@@ -128,7 +82,7 @@ class PoolState(NamedTuple):
     ----------
     head : int64[16]
         Free-stack top, logical clock, next client token, counters, layout (``H_*`` slots of
-        :mod:`kvnumba._kernels.pool`).
+        :mod:`kvnumba._kernels.physical_pages`).
     free : int64[num_pages]
         Free physical pages; the first ``head[H_FREE_TOP]`` entries are live, the last is taken
         first.
@@ -140,123 +94,6 @@ class PoolState(NamedTuple):
     head: np.ndarray
     free: np.ndarray
     owner: np.ndarray
-
-
-def process_start_time(pid: int) -> int | None:
-    """Start time of process ``pid`` (clock ticks since boot), or ``None`` if it is not running.
-
-    Reads field 22 of ``/proc/<pid>/stat``; a zombie (killed, not yet reaped) counts as not
-    running. Without ``/proc`` the start time is 0 and liveness comes from ``os.kill(pid, 0)``.
-
-    Parameters
-    ----------
-    pid : int
-        Process id.
-
-    Returns
-    -------
-    int or None
-    """
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return None
-    except OSError:  # pragma: no cover - no procfs (or no permission): fall back to kill(0)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return 0
-        return 0
-    # The command name (field 2) is in parentheses and may itself contain ") ", so split after
-    # the last one: the fields from 3 (state) on follow.
-    rest = stat[stat.rindex(b")") + 2 :].split()
-    if rest[0] in (b"Z", b"X"):
-        return None
-    return int(rest[19])
-
-
-def _lock_path(name: str) -> str:
-    """The lock file of the shared pool ``name``: next to the segment in /dev/shm if it exists."""
-    directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    return os.path.join(directory, f"{name.lstrip('/')}.kvnumba-lock")
-
-
-def _open_shm(name: str, create: bool, size: int = 0):
-    """Create or attach a ``SharedMemory`` segment.
-
-    An attaching process must not register the segment with its ``resource_tracker`` (before
-    Python 3.13 it does): the tracker would unlink the segment when that process exits, under the
-    feet of every other process. Only the creator keeps the registration.
-    """
-    from multiprocessing import resource_tracker, shared_memory
-
-    if create:
-        return shared_memory.SharedMemory(name=name, create=True, size=size)
-    for attempt in range(100):
-        try:
-            if sys.version_info >= (3, 13):
-                return shared_memory.SharedMemory(name=name, track=False)
-            register = resource_tracker.register
-            resource_tracker.register = lambda *args, **kwargs: None
-            try:
-                return shared_memory.SharedMemory(name=name)
-            finally:
-                resource_tracker.register = register
-        except ValueError:
-            # Opened between the creator's shm_open and its ftruncate, the segment is empty for
-            # a moment: give the creator a little time.
-            if attempt == 99:
-                raise
-            time.sleep(0.01)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-class _FileLock:
-    """The ``flock`` lock of one shared pool in this process: re-entrant, one per lock file.
-
-    Every ``PagePool`` object of the same segment in a process shares it: two objects with their
-    own descriptors would block each other (flock locks belong to the open file description),
-    so holding one pool object's lock while calling another would deadlock. A forked child
-    inherits the parent's descriptor and with it the open file description, which would make
-    the parent's lock the child's too: the child opens its own.
-    """
-
-    _registry: dict[str, _FileLock] = {}
-
-    def __init__(self, path: str):
-        self.path = path
-        self.pid = os.getpid()
-        self.file = open(path, "a+b")  # noqa: SIM115 - kept open for the life of the process
-        self.depth = 0
-
-    @classmethod
-    def of(cls, name: str) -> _FileLock:
-        path = _lock_path(name)
-        lock = cls._registry.get(path)
-        if lock is None or lock.pid != os.getpid():
-            lock = cls._registry[path] = cls(path)
-        return lock
-
-    def __enter__(self) -> None:
-        if self.depth == 0:
-            fcntl.flock(self.file.fileno(), fcntl.LOCK_EX)
-        self.depth += 1
-
-    def __exit__(self, *exc) -> None:
-        self.depth -= 1
-        if self.depth == 0:
-            fcntl.flock(self.file.fileno(), fcntl.LOCK_UN)
-
-    @classmethod
-    def forget(cls, name: str) -> None:
-        """Close the descriptor of a lock file that is being removed (if not held)."""
-        lock = cls._registry.get(_lock_path(name))
-        if lock is not None and lock.pid == os.getpid() and lock.depth == 0:
-            del cls._registry[lock.path]
-            lock.file.close()
 
 
 class _Holding:
@@ -276,7 +113,7 @@ class _Holding:
         self._lock = None
 
     def __enter__(self) -> None:
-        lock = self._lock = _FileLock.of(self._pool._name)
+        lock = self._lock = FileLock.of(self._pool._name)
         lock.__enter__()
         if lock.depth == 1:
             head = self._pool._head
@@ -365,7 +202,7 @@ class PagePool:
         self._me_cache: dict[tuple[int, int], np.ndarray] = {}
         self._closed = False
         self._holding = _Holding(self) if shm is not None else None
-        _FORK_AWARE.add(self)
+        FORK_AWARE.add(self)
         # The BlockManagers of this process on this pool object, their orphaned pages and the
         # reclaim between them.
         self._coordinator = PoolCoordinator(self)
@@ -406,19 +243,19 @@ class PagePool:
         """
         if fcntl is None:  # pragma: no cover
             raise OSError("a shared PagePool needs fcntl (POSIX)")
-        name = _check_name(name)
+        name = check_name(name)
         num_pages = cls._check_num_pages(num_pages)
         _check_callbacks(on_map, on_unmap)
         _, _, size = K.arena_layout(num_pages)
         check_state_bytes(size, f"a page pool of {num_pages} pages")
         self = cls.__new__(cls)
         self._name = name
-        lock_existed = os.path.exists(_lock_path(name))
+        lock_existed = os.path.exists(lock_path(name))
         # The creator holds the lock while it initialises, so an attacher that opens the segment
         # early waits for the magic to be written.
         try:
             with self._locked_file():
-                shm = _open_shm(name, create=True, size=size)
+                shm = open_shm(name, create=True, size=size)
                 arena = np.ndarray((size,), dtype=np.uint8, buffer=shm.buf)
                 K.init_arena(arena, num_pages)
                 self._setup(arena, shm, name, on_map, on_unmap)
@@ -426,9 +263,9 @@ class PagePool:
             # Nothing of a failed creation stays behind; a lock file that was there before
             # belongs to an existing pool of that name.
             if not lock_existed:
-                _FileLock.forget(name)
+                FileLock.forget(name)
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(_lock_path(name))
+                    os.unlink(lock_path(name))
             raise
         return self
 
@@ -464,13 +301,13 @@ class PagePool:
         """
         if fcntl is None:  # pragma: no cover
             raise OSError("a shared PagePool needs fcntl (POSIX)")
-        name = _check_name(name)
+        name = check_name(name)
         _check_callbacks(on_map, on_unmap)
         self = cls.__new__(cls)
         self._name = name
         # Open the segment first (so a missing pool creates no lock file), then wait for the
         # lock: a creator still initialising holds it until the magic is written.
-        shm = _open_shm(name, create=False)
+        shm = open_shm(name, create=False)
         with self._locked_file():
             head = np.ndarray((K.HEAD_SIZE,), dtype=np.int64, buffer=shm.buf)
             magic = int(head[K.H_MAGIC])
@@ -493,8 +330,8 @@ class PagePool:
 
     # --- locking --------------------------------------------------------------------------------
 
-    def _locked_file(self) -> _FileLock:
-        return _FileLock.of(self._name)
+    def _locked_file(self) -> FileLock:
+        return FileLock.of(self._name)
 
     def lock(self) -> contextlib.AbstractContextManager:
         """Hold the pool's cross-process lock (re-entrant within a process; no-op if private).
@@ -564,7 +401,7 @@ class PagePool:
 
     @property
     def arena(self) -> np.ndarray:
-        """The uint8 arena the kernels take (``kvnumba._kernels.pool.pool_views`` carves it)."""
+        """The uint8 arena the kernels take (``kvnumba._kernels.physical_pages.pool_views`` carves it)."""
         self._ensure_open()
         return self._arena
 
@@ -959,8 +796,8 @@ class PagePool:
         with contextlib.suppress(FileNotFoundError):
             self._shm.unlink()
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(_lock_path(self._name))
-        _FileLock.forget(self._name)
+            os.unlink(lock_path(self._name))
+        FileLock.forget(self._name)
 
     def __enter__(self) -> PagePool:
         return self

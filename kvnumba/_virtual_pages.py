@@ -39,7 +39,7 @@ class PagedCalls:
     def _check_pages(num_blocks: int, page_pool, blocks_per_page) -> int:
         """Validate the page geometry; returns ``blocks_per_page`` (0 without a pool)."""
         from kvnumba._inputs import positive_int
-        from kvnumba.pages import PagePool
+        from kvnumba.physical_pages import PagePool
 
         if page_pool is None and blocks_per_page is None:
             return 0
@@ -57,7 +57,8 @@ class PagedCalls:
         self._pool = pool
         if pool is None:
             return
-        from kvnumba.pages import _FORK_AWARE, _load_kernels
+        from kvnumba._process import FORK_AWARE
+        from kvnumba.physical_pages import _load_kernels
 
         _load_kernels()  # the pool's repair and reclaim may run inside this manager's calls
         client = pool.register_client()
@@ -66,7 +67,7 @@ class PagedCalls:
         meta[M_CLIENT], meta[M_PID], meta[M_START] = me
         # The kernels stamp the owner of every page they map from meta: a forked child must
         # stamp its own pid, or the pages it maps die with its parent (reclaim_dead).
-        _FORK_AWARE.add(self)
+        FORK_AWARE.add(self)
         self._client = client
         self._pargs = (self._arena, self._scratch, pool.arena)
         self._finalizer = pool._coordinator.register(self, client, self._s.page_phys)
