@@ -1,9 +1,11 @@
-"""Two managers on one page pool: kernels against the reference model, step by step.
+"""Three managers on one page pool: kernels against the reference model, step by step.
 
-A pool smaller than what the two managers could use together makes page misses, cache-only
+A pool smaller than what the managers could use together makes page misses, cache-only
 pages, sibling reclaim and unmapping frequent. After every step both sides agree on block
-tables, page mappings, the pool's free stack, counters and every callback, and both pass
-``check()``; every failed call leaves both managers and the pool byte-identical.
+tables, page mappings, the pool's free stack, its owner table and clock, every manager's
+cache-only list with its stamps (so which sibling pages a reclaim took), counters, every
+``can_append`` answer and every callback, and both pass ``check()``; every failed call leaves
+the managers and the pool byte-identical.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import kvnumba
+from kvnumba._kernels.pool import O_CLIENT, O_VIRTUAL
+from kvnumba._state import M_CO_HEAD, NIL
 from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
 
 TOKENS = st.integers(0, 2)
-WHO = st.sampled_from([0, 1])
+MANAGERS = 3  # with two or more siblings, reclaim must choose among their lists by stamp
+WHO = st.sampled_from(range(MANAGERS))
 
 
 class Recorder:
@@ -36,17 +41,45 @@ class Recorder:
         return record
 
 
+def kernel_cache_only(mgr) -> list[tuple[int, int]]:
+    """``(virtual page, stamp)`` of a kernel manager's cache-only list, head first."""
+    state = mgr.state
+    out, v = [], int(state.meta[M_CO_HEAD])
+    while v != NIL:
+        out.append((v, int(state.page_stamp[v])))
+        v = int(state.co_next[v])
+    return out
+
+
+def kernel_owners(pool, managers) -> dict[int, tuple[int, int]]:
+    """Physical page -> (index of its manager, virtual page), from the pool's owner table."""
+    clients = [m._client for m in managers]
+    owner = pool.state.owner
+    return {
+        p: (clients.index(int(owner[p, O_CLIENT])), int(owner[p, O_VIRTUAL]))
+        for p in range(pool.num_pages)
+        if owner[p, O_CLIENT] != -1
+    }
+
+
+def reference_owners(pool, managers) -> dict[int, tuple[int, int]]:
+    """The same map from the reference pool."""
+    out = {}
+    for p in range(pool.num_pages):
+        owner = pool.owner_of(p)
+        if owner is not None:
+            out[p] = ([id(m) for m in managers].index(id(owner[0])), owner[1])
+    return out
+
+
 class PagesVersusReference(RuleBasedStateMachine):
     @initialize(
-        blocks_per_page=st.integers(1, 4),
-        other_blocks_per_page=st.integers(1, 4),
-        pages_per_manager=st.integers(2, 5),
-        pool_pages=st.integers(2, 6),
+        blocks_per_page=st.lists(st.integers(1, 4), min_size=MANAGERS, max_size=MANAGERS),
+        pages_per_manager=st.lists(st.integers(1, 5), min_size=MANAGERS, max_size=MANAGERS),
+        pool_pages=st.integers(2, 7),
         block_size=st.sampled_from([1, 2, 3]),
     )
-    def setup(
-        self, blocks_per_page, other_blocks_per_page, pages_per_manager, pool_pages, block_size
-    ):
+    def setup(self, blocks_per_page, pages_per_manager, pool_pages, block_size):
         self.kv_hooks, self.ref_hooks = Recorder(), Recorder()
         self.kv_pool = kvnumba.PagePool(
             pool_pages, on_map=self.kv_hooks.hook("map"), on_unmap=self.kv_hooks.hook("unmap")
@@ -54,10 +87,13 @@ class PagesVersusReference(RuleBasedStateMachine):
         self.ref_pool = ReferencePagePool(
             pool_pages, on_map=self.ref_hooks.hook("map"), on_unmap=self.ref_hooks.hook("unmap")
         )
-        geometry = dict(max_seqs=8, max_seq_len=6 * block_size + 2, blocks_per_page=blocks_per_page)
-        num_blocks = blocks_per_page * pages_per_manager
         self.kv, self.ref = [], []
-        for who in range(2):
+        for who in range(MANAGERS):
+            # Managers differ in page size and page count: a small one is capped by its
+            # unmapped virtual pages, not by what its siblings could give.
+            k = blocks_per_page[who]
+            num_blocks = k * pages_per_manager[who]
+            geometry = dict(max_seqs=8, max_seq_len=6 * block_size + 2, blocks_per_page=k)
             self.kv.append(
                 kvnumba.BlockManager(
                     num_blocks,
@@ -77,7 +113,7 @@ class PagesVersusReference(RuleBasedStateMachine):
                     **geometry,
                 )
             )
-        self.live = [[], []]
+        self.live = [[] for _ in range(MANAGERS)]
 
     # -------------------------------------------------------------------------------- helpers
     def snapshots(self):
@@ -86,7 +122,7 @@ class PagesVersusReference(RuleBasedStateMachine):
     def both(self, who, call, *args, **kwargs):
         """Run one call on manager ``who`` of both sides; they must agree on the outcome."""
         before = self.snapshots()
-        sibling_pages = self.kv[1 - who].stats().mapped_pages
+        sibling_pages = [m.stats().mapped_pages for m in self.kv]
         outcome = []
         for mgr in (self.kv[who], self.ref[who]):
             try:
@@ -107,8 +143,13 @@ class PagesVersusReference(RuleBasedStateMachine):
                 for name, a, b in zip(x._fields, x, y, strict=True):
                     assert np.array_equal(a, b), f"{name} changed by a failed {call}"
             return None, None
-        if call in ("append", "admit") and self.kv[1 - who].stats().mapped_pages < sibling_pages:
-            event("the sibling gave up cache-only pages")
+        givers = [
+            i
+            for i, m in enumerate(self.kv)
+            if i != who and m.stats().mapped_pages < sibling_pages[i]
+        ]
+        if call in ("append", "admit") and givers:
+            event(f"{len(givers)} sibling(s) gave up cache-only pages")
         return kv_value, ref_value
 
     def pick(self, data, who):
@@ -148,6 +189,15 @@ class PagesVersusReference(RuleBasedStateMachine):
                 assert np.array_equal(getattr(kv, field), getattr(ref, field)), field
             self.live[who] += [i for i in kv.ids.tolist() if i >= 0]
 
+    @rule(who=WHO, prompt=st.lists(TOKENS, min_size=1, max_size=12))
+    def cache_prompt(self, who, prompt):
+        """Admit one prompt and release it: its full blocks stay cached, often on a page of
+        their own, which becomes cache-only (what sibling reclaim gives up)."""
+        kv, ref = self.both(who, "admit", prompt, [len(prompt)])
+        if kv is not None:
+            assert kv.ids.tolist() == ref.ids.tolist()
+            self.both(who, "release", kv.ids)
+
     @rule(who=WHO, data=st.data())
     def fork(self, who, data):
         ids = self.pick(data, who)
@@ -182,6 +232,11 @@ class PagesVersusReference(RuleBasedStateMachine):
         counts = data.draw(st.lists(st.integers(0, 8), min_size=len(ids), max_size=len(ids)))
         kv, ref = self.both(who, "can_append", ids, counts)
         assert kv == ref
+        ref_mgr = self.ref[who]
+        unmapped = len(ref_mgr.unmapped_pages())
+        offered = sum(len(m.cache_only_pages()) for m in self.ref if m is not ref_mgr)
+        if kv is not None and offered and unmapped < self.ref_pool.num_free + offered:
+            event("can_append with sibling pages capped by unmapped virtual pages")
 
     # ----------------------------------------------------------------------------- invariants
     @invariant()
@@ -193,13 +248,16 @@ class PagesVersusReference(RuleBasedStateMachine):
         assert self.kv_pool.state.free[: self.kv_pool.num_free].tolist() == (
             self.ref_pool.free_pages()
         )
+        assert self.kv_pool.clock == self.ref_pool.clock
+        assert kernel_owners(self.kv_pool, self.kv) == reference_owners(self.ref_pool, self.ref)
         mapped = 0
-        for who in range(2):
+        for who in range(MANAGERS):
             kv, ref = self.kv[who], self.ref[who]
             kv.check()
             ref.check()
             assert kv.stats() == ref.stats()
             assert kv.mapped_pages().tolist() == ref.mapped_pages().tolist()
+            assert kernel_cache_only(kv) == ref.cache_only_pages()
             mapped += kv.stats().mapped_pages
             if self.live[who]:
                 assert np.array_equal(
@@ -213,7 +271,7 @@ class PagesVersusReference(RuleBasedStateMachine):
     def teardown(self):
         if not hasattr(self, "kv"):
             return
-        for who in range(2):
+        for who in range(MANAGERS):
             if self.live[who]:
                 self.kv[who].release(self.live[who])
             self.kv[who].trim()
