@@ -314,7 +314,7 @@ class Differential:
             self.agree()
 
 
-def test_differential_against_the_reference():
+def test_differential_against_the_reference(capsys):
     seed = int(os.environ.get("KVNUMBA_DIFF_SEED", np.random.SeedSequence().entropy))
     rng = np.random.default_rng(seed)
     counts = collections.Counter()
@@ -333,8 +333,9 @@ def test_differential_against_the_reference():
         counts.update(diff.counts)
         n += ROUND
         rounds += 1
-    print(f"differential: {n} operations in {rounds} rounds, seed {seed}")
-    print("differential outcomes:", dict(sorted(counts.items())))
+    with capsys.disabled():  # the count shows in every run, not only with -s
+        print(f"\ndifferential: {n} operations in {rounds} rounds, seed {seed}")
+        print("differential outcomes:", dict(sorted(counts.items())))
     assert n >= MIN_OPERATIONS
     # The mix must reach the paths it is here for; a change that made them unreachable
     # would otherwise pass quietly.

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import kvnumba
-from kvnumba._kernels.pool import O_CLIENT, O_VIRTUAL
+from kvnumba._kernels.physical_pages import O_CLIENT, O_VIRTUAL
 from kvnumba._state import M_CO_HEAD, NIL
 from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
 

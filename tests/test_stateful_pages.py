@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import kvnumba
-from kvnumba._kernels.pool import O_CLIENT, O_VIRTUAL
+from kvnumba._kernels.physical_pages import O_CLIENT, O_VIRTUAL
 from kvnumba._state import M_CO_HEAD, NIL
 from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
 
