@@ -1,0 +1,70 @@
+"""Blocks and the LRU list of the model: take a block, drop a reference, evict, scrub, count.
+
+Without a page pool free blocks sit on the LIFO free stack ``_free``; registered blocks at
+refcount 0 sit on the LRU list ``_lru`` (least recently released first) until evicted.
+"""
+
+from __future__ import annotations
+
+
+class BlocksMixin:
+    """Block and LRU helpers of :class:`ReferenceBlockManager` (``_ref``, ``_tokens``, ``_key``,
+    ``_hash``, ``_prefix``, ``_lru``, ``_free``, ``_counters``, ``_evicted``)."""
+
+    # ------------------------------------------------------------------ block helpers
+
+    def _available(self) -> int:
+        """Blocks that can be taken now: free plus cached (plus mappable pages times ``k``)."""
+        if self._pool is None:
+            return len(self._free) + len(self._lru)
+        free_mapped = sum(len(blocks) for blocks in self._page_free)
+        mappable = min(self._pool.num_free, len(self._unmapped))
+        return free_mapped + len(self._lru) + mappable * self._k
+
+    def _is_registered(self, block: int) -> bool:
+        key = self._key[block]
+        return key is not None and self._prefix.get(key) == block
+
+    def _scrub(self, block: int) -> None:
+        """Forget a block's content: fresh -1 payload row, no hash."""
+        self._tokens[block] = [-1] * self._block_size
+        self._key[block] = None
+        self._hash[block] = None
+
+    def _evict(self, block: int) -> None:
+        """Forget cached ``block``: off the LRU list and the prefix table, recorded, counted."""
+        del self._lru[block]
+        del self._prefix[self._key[block]]
+        self._evicted.append((block, self._hash[block], list(self._tokens[block])))
+        self._counters["evictions"] += 1
+        self._scrub(block)
+
+    def _take_block(self) -> int:
+        """Hand out one block (refcount set to 1).
+
+        Without a pool: free stack top, else evict the LRU head. With one: see
+        :meth:`_take_paged`.
+        """
+        if self._pool is not None:
+            block = self._take_paged()
+        elif self._free:
+            block = self._free.pop()
+        else:
+            block = next(iter(self._lru))
+            self._evict(block)
+        self._scrub(block)
+        self._ref[block] = 1
+        self._counters["allocations"] += 1
+        return block
+
+    def _drop_ref(self, block: int) -> None:
+        """Drop one reference; at 0 a registered block is cached, any other one freed."""
+        self._ref[block] -= 1
+        if self._ref[block] == 0:
+            if self._pool is not None:
+                self._drop_last_paged(block)
+            elif self._is_registered(block):
+                self._lru[block] = None  # most recently released at the tail
+            else:
+                self._scrub(block)
+                self._free.append(block)

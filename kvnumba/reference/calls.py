@@ -1,0 +1,388 @@
+"""The model's allocating calls: ``append``, ``admit``, ``can_append`` and their bookkeeping.
+
+Growing a sequence (new blocks, copy-on-write of a shared tail), snapshots and rollback of an
+atomic call, sibling reclaim on ``PoolExhausted`` and the delivery of a committed call's
+callbacks.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import numpy as np
+
+from kvnumba.errors import PoolExhausted, SequenceTooLong
+from kvnumba.reference._common import (
+    _PAGE_STATE,
+    _STATE,
+    _as_int_array,
+    _blocks_for,
+    _exhausted,
+)
+from kvnumba.results import AdmitResult, AppendResult
+
+
+class CallsMixin:
+    """Append/admit and call bookkeeping of :class:`ReferenceBlockManager` (the whole state,
+    through the other mixins; ``_evicted``, ``_unmapped_log``, ``_mapped_log``,
+    ``_failed_calls``, ``_on_evict``)."""
+
+    # ------------------------------------------------------------------ growing sequences
+
+    def _append_need(self, slot: int, count: int, pending_cow: dict[int, int]) -> int:
+        """Blocks that growing ``slot`` by ``count`` takes (new plus copy-on-write).
+
+        ``pending_cow`` counts references that earlier sequences of the same call will have
+        dropped from a tail by copy-on-write (the last holder of a shared tail writes in place).
+        """
+        if count == 0:
+            return 0
+        bs, n = self._block_size, self._len[slot]
+        need = _blocks_for(n + count, bs) - _blocks_for(n, bs)
+        if n % bs:
+            tail = self._table[slot][-1]
+            if self._ref[tail] - pending_cow.get(tail, 0) > 1:
+                pending_cow[tail] = pending_cow.get(tail, 0) + 1
+                need += 1
+        return need
+
+    def _grow(self, slot: int, count: int, tokens, out: list[int], cow: list[tuple]) -> None:
+        """Append ``count`` tokens (``tokens`` None or a sequence of ids) to ``slot``.
+
+        Capacity must have been checked. Physical slots go to ``out``, copy-on-write pairs to
+        ``cow``.
+        """
+        if count == 0:
+            return
+        bs = self._block_size
+        table, n = self._table[slot], self._len[slot]
+        if n % bs and self._ref[table[-1]] > 1:  # copy-on-write of a shared partial tail
+            old = table[-1]
+            new = self._take_block()
+            self._tokens[new][: n % bs] = self._tokens[old][: n % bs]
+            table[-1] = new
+            self._drop_ref(old)
+            self._counters["cow_copies"] += 1
+            cow.append((old, new))
+        for i in range(count):
+            pos = n + i
+            offset = pos % bs
+            if offset == 0:
+                table.append(self._take_block())
+            block = table[-1]
+            if tokens is not None:
+                self._tokens[block][offset] = int(tokens[i])
+            out.append(block * bs + offset)
+            if offset == bs - 1:
+                self._register_if_full(slot, len(table) - 1)
+        self._len[slot] = n + count
+
+    # ------------------------------------------------------------------ call bookkeeping
+
+    def _begin_call(self) -> None:
+        self._evicted = []
+        self._unmapped_log = []
+        self._mapped_log = []
+
+    def _commit_call(self) -> None:
+        """Deliver this call's callbacks (after it committed): ``on_evict``, then the pool's
+        ``on_unmap``, then ``on_map``."""
+        evicted, self._evicted = self._evicted, []
+        unmapped, self._unmapped_log = self._unmapped_log, []
+        mapped, self._mapped_log = self._mapped_log, []
+        if evicted and self._on_evict is not None:
+            self._on_evict(
+                np.array([e[0] for e in evicted], dtype=np.int64),
+                np.array([e[1] for e in evicted], dtype=np.uint64),
+                np.array([e[2] for e in evicted], dtype=np.int64).reshape(
+                    len(evicted), self._block_size
+                ),
+            )
+        if self._pool is not None:
+            self._pool._deliver(unmapped, mapped)
+
+    def _snapshot(self) -> dict:
+        """Copies of the state: shallow for blocks and sequences (see the package notes on why
+        that suffices), deep for the page lists, plus the pool's state."""
+        snap = {name: getattr(self, name).copy() for name in _STATE}
+        if self._pool is not None:
+            snap.update({name: copy.deepcopy(getattr(self, name)) for name in _PAGE_STATE})
+            snap["pool"] = self._pool._snapshot()
+        return snap
+
+    def _restore(self, snap: dict) -> None:
+        for name, value in snap.items():
+            if name == "pool":
+                self._pool._restore(value)
+            elif name in _PAGE_STATE:
+                setattr(self, name, copy.deepcopy(value))  # the snapshot stays reusable
+            else:
+                setattr(self, name, value)
+        self._begin_call()
+
+    def _run(self, attempt: Callable, atomic: bool):
+        """Run one call: ``attempt()`` (which begins the call and either returns its result or
+        raises ``PoolExhausted`` with nothing changed), with sibling reclaim for atomic calls,
+        failure counting and the callbacks of committed work (siblings' first)."""
+        try:
+            result = attempt()
+        except PoolExhausted as first:
+            reclaimed = self._ask_siblings(first.shortfall) if atomic else None
+            if reclaimed is None:
+                self._failed_calls += 1
+                raise
+            try:
+                result = attempt()
+            except PoolExhausted:
+                for sibling, snap in reversed(reclaimed):
+                    sibling._restore(snap)
+                self._failed_calls += 1
+                raise first from None
+            for sibling, _ in reclaimed:
+                sibling._commit_call()
+        self._commit_call()
+        return result
+
+    # ------------------------------------------------------------------ append and admit
+
+    def _validate_append(self, ids, counts, tokens):
+        ids = _as_int_array(ids, "ids")
+        counts = _as_int_array(counts, "counts")
+        if len(ids) != len(counts):
+            raise ValueError(f"ids and counts differ in length ({len(ids)} != {len(counts)})")
+        if (counts < 0).any():
+            raise ValueError("counts must be >= 0")
+        total = int(counts.sum())
+        if tokens is not None:
+            tokens = _as_int_array(tokens, "tokens")
+            if len(tokens) != total:
+                raise ValueError(f"{len(tokens)} tokens given, counts sum to {total}")
+            if (tokens < 0).any():
+                raise ValueError("token ids must be >= 0")
+        counts = counts.tolist()
+        return self._resolve_all(ids, unique=True, counts=counts), counts, tokens
+
+    def append(self, ids, counts, tokens=None, *, atomic: bool = True) -> AppendResult:
+        """Grow each sequence ``ids[i]`` by ``counts[i]`` tokens, in input order.
+
+        Parameters
+        ----------
+        ids : array-like of int, shape (m,)
+            Live sequence ids, no duplicates.
+        counts : array-like of int, shape (m,)
+            Tokens to append to each, ``>= 0``.
+        tokens : array-like of int, shape (sum(counts),), optional
+            Token ids (``>= 0``), the flat concatenation in ``ids`` order; without them the
+            payload reads -1 and the blocks are never cached.
+        atomic : bool, default True
+            All or nothing (raise ``PoolExhausted``); otherwise each sequence in order, all or
+            nothing, failures reported in ``ok``.
+
+        Returns
+        -------
+        AppendResult
+            ``slot_mapping`` int64 (-1 for failed sequences), ``cow_src``/``cow_dst`` int32,
+            ``ok`` bool.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad input (dtype, shape, negative counts or tokens, duplicate ids, token count).
+        InvalidSequence, SequenceReleased, SequenceTooLong
+            Bad ids or growth beyond ``max_seq_len``.
+        PoolExhausted
+            Atomic mode only, when the call needs more blocks than available (free plus
+            cached, plus mappable pages times ``blocks_per_page``) even after sibling reclaim.
+        """
+        slots, counts, tokens = self._validate_append(ids, counts, tokens)
+        return self._run(lambda: self._append(slots, counts, tokens, atomic), atomic)
+
+    def _append(self, slots, counts, tokens, atomic: bool) -> AppendResult:
+        """One attempt of :meth:`append` on validated input (callbacks left pending)."""
+        self._begin_call()
+        available = self._available()
+        if atomic:
+            pending: dict[int, int] = {}
+            needed = sum(
+                self._append_need(s, c, pending) for s, c in zip(slots, counts, strict=True)
+            )
+            if needed > available:
+                raise _exhausted(needed, available, needed - available)
+        out: list[int] = []
+        cow: list[tuple] = []
+        ok = np.ones(len(slots), dtype=bool)
+        start = 0
+        for i, (slot, count) in enumerate(zip(slots, counts, strict=True)):
+            chunk = None if tokens is None else tokens[start : start + count]
+            if not atomic and self._append_need(slot, count, {}) > self._available():
+                ok[i] = False
+                out.extend([-1] * count)
+            else:
+                self._grow(slot, count, chunk, out, cow)
+            start += count
+        if not ok.all():
+            self._failed_calls += 1
+        return AppendResult(
+            slot_mapping=np.array(out, dtype=np.int64),
+            cow_src=np.array([c[0] for c in cow], dtype=np.int32),
+            cow_dst=np.array([c[1] for c in cow], dtype=np.int32),
+            ok=ok,
+        )
+
+    def can_append(self, ids, counts) -> bool:
+        """Whether ``append(ids, counts, atomic=True)`` would succeed now.
+
+        Parameters
+        ----------
+        ids, counts : array-like of int, shape (m,)
+            As for :meth:`append` (validated the same way, errors included).
+
+        Returns
+        -------
+        bool
+        """
+        slots, counts, _ = self._validate_append(ids, counts, None)
+        pending: dict[int, int] = {}
+        needed = sum(self._append_need(s, c, pending) for s, c in zip(slots, counts, strict=True))
+        if self._pool is None:
+            return needed <= self._available()
+        # Sibling reclaim can add the siblings' cache-only pages to the pool's free ones, as
+        # far as this manager has virtual pages to map them to.
+        free_mapped = sum(len(blocks) for blocks in self._page_free)
+        pages = self._pool.num_free + self._cache_only_pages_of_siblings()
+        mappable = min(pages, len(self._unmapped))
+        return needed <= free_mapped + len(self._lru) + mappable * self._k
+
+    def _admit_one(self, prompt: list[int], salt: int):
+        """Admit one prompt if it fits now.
+
+        Returns ``(needed, served)``: the blocks the prompt takes beyond its cache hits, and
+        ``(id, cached tokens, slot mapping)`` or ``None`` if it did not fit (nothing changed).
+        """
+        bs, length = self._block_size, len(prompt)
+        hits = self._lookup_prefix(prompt, salt)
+        k = len(hits)
+        needed = _blocks_for(length, bs) - k
+        cached_hits = sum(1 for b in hits if self._ref[b] == 0)
+        if needed > self._available() - cached_hits:
+            return needed, None
+        slot = self._take_slot(salt)
+        for block in hits:  # claim the hits before allocating, so they are never evicted
+            if self._ref[block] == 0:
+                del self._lru[block]
+                if self._pool is not None:  # its page holds a referenced block again
+                    self._cache_only.pop(block // self._k, None)
+            self._ref[block] += 1
+            self._table[slot].append(block)
+        self._len[slot] = k * bs
+        if self._prefix_caching:
+            self._counters["prefix_queries"] += (length - 1) // bs
+            self._counters["prefix_hits"] += k
+        out: list[int] = []
+        self._grow(slot, length - k * bs, prompt[k * bs :], out, [])
+        return needed, (self._seq_id(slot), k * bs, out)
+
+    def _prompt_need(self, prompt: list[int], salt: int) -> int:
+        return _blocks_for(len(prompt), self._block_size) - len(self._lookup_prefix(prompt, salt))
+
+    def admit(self, tokens, lengths, *, salts=None, atomic: bool = True) -> AdmitResult:
+        """Create one sequence per prompt, reusing cached blocks of the longest prefix.
+
+        Parameters
+        ----------
+        tokens : array-like of int, shape (sum(lengths),)
+            The prompts' token ids (``>= 0``), concatenated.
+        lengths : array-like of int, shape (p,)
+            Tokens per prompt, each ``>= 1``.
+        salts : array-like of int, shape (p,), optional
+            Cache salt per prompt (0 by default); blocks are shared only within one salt.
+        atomic : bool, default True
+            All prompts or none (raise ``PoolExhausted``); otherwise each prompt in order, all
+            or nothing, failures reported in ``ok``.
+
+        Returns
+        -------
+        AdmitResult
+            ``ids`` (-1 if failed), ``num_cached_tokens`` (whole reused blocks, leaving at least
+            one token uncached; 0 if failed), ``slot_mapping`` of the uncached tokens in prompt
+            order (all ``length`` tokens -1 for a failed prompt), ``ok``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad input (dtype, shape, negative tokens, empty prompt, length mismatches).
+        SequenceTooLong, TooManySequences
+            A prompt beyond ``max_seq_len``; more prompts than free sequence slots.
+        PoolExhausted
+            Atomic mode only; ``needed`` sums ``blocks - hits`` over all prompts, with the hits
+            of the failing and later prompts looked up at the failure point.
+        """
+        tokens = _as_int_array(tokens, "tokens")
+        lengths = _as_int_array(lengths, "lengths")
+        if (lengths < 1).any():
+            raise ValueError("every prompt needs at least one token")
+        if len(tokens) != int(lengths.sum()):
+            raise ValueError(f"{len(tokens)} tokens given, lengths sum to {int(lengths.sum())}")
+        if (tokens < 0).any():
+            raise ValueError("token ids must be >= 0")
+        if salts is None:
+            salts = np.zeros(len(lengths), dtype=np.int64)
+        salts = _as_int_array(salts, "salts")
+        if len(salts) != len(lengths):
+            raise ValueError(f"{len(salts)} salts given for {len(lengths)} prompts")
+        for length in lengths:
+            if length > self._max_seq_len:
+                raise SequenceTooLong(-1, length, self._max_seq_len)
+        self._check_slots_free(len(lengths))
+
+        bounds = np.concatenate(([0], np.cumsum(lengths))).tolist()
+        flat = tokens.tolist()
+        prompts = [flat[bounds[i] : bounds[i + 1]] for i in range(len(lengths))]
+        salts = salts.tolist()
+        return self._run(lambda: self._admit(prompts, salts, atomic), atomic)
+
+    def _admit(self, prompts: list[list[int]], salts: list[int], atomic: bool) -> AdmitResult:
+        """One attempt of :meth:`admit` on validated input (callbacks left pending)."""
+        self._begin_call()
+        available = self._available()
+        # NOTE: a prompt of n blocks with k hits (c of them cached) uses up n - k + c <= n of
+        # ``free + cached``, so when the prompts' blocks sum to at most ``available`` the call
+        # cannot fail and needs no rollback. Otherwise an atomic call of several prompts keeps
+        # a snapshot (a single prompt is checked before anything changes).
+        total = sum(_blocks_for(len(p), self._block_size) for p in prompts)
+        tight = atomic and len(prompts) > 1 and total > available
+        snap = self._snapshot() if tight else None
+
+        ids = np.full(len(prompts), -1, dtype=np.int64)
+        cached = np.zeros(len(prompts), dtype=np.int64)
+        ok = np.zeros(len(prompts), dtype=bool)
+        out: list[int] = []
+        needed_so_far = 0
+        for i, (prompt, salt) in enumerate(zip(prompts, salts, strict=True)):
+            needed, served = self._admit_one(prompt, salt)
+            if served is None and atomic:
+                # later prompts: hits looked up at the failure point, before the rollback
+                later = sum(
+                    self._prompt_need(p, s)
+                    for p, s in zip(prompts[i + 1 :], salts[i + 1 :], strict=True)
+                )
+                # What the call lacks here: this prompt's cached hits use up capacity too.
+                cached_hits = sum(1 for b in self._lookup_prefix(prompt, salt) if self._ref[b] == 0)
+                shortfall = needed + later - (self._available() - cached_hits)
+                needed += needed_so_far + later
+                if snap is not None:
+                    self._restore(snap)
+                raise _exhausted(needed, available, shortfall)
+            if served is None:
+                out.extend([-1] * len(prompt))
+                continue
+            ids[i], cached[i], slots = served
+            ok[i] = True
+            out.extend(slots)
+            needed_so_far += needed
+        if not ok.all():
+            self._failed_calls += 1
+        return AdmitResult(
+            ids=ids, num_cached_tokens=cached, slot_mapping=np.array(out, dtype=np.int64), ok=ok
+        )

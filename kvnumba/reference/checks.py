@@ -1,0 +1,88 @@
+"""``check()`` of the model: its invariants recomputed from scratch (pages: ``pages.py``)."""
+
+from __future__ import annotations
+
+from kvnumba.errors import InvariantViolation
+from kvnumba.reference._common import ROOT_HASH, _blocks_for, _hash64
+
+
+class ChecksMixin:
+    """``check()`` of :class:`ReferenceBlockManager` (reads the whole state, writes nothing)."""
+
+    def check(self) -> None:
+        """Recompute the model's invariants from scratch.
+
+        Raises
+        ------
+        InvariantViolation
+            Naming the first inconsistency found.
+        """
+        bs, nb = self._block_size, self._num_blocks
+
+        def fail(message: str):
+            raise InvariantViolation(message)
+
+        live = [s for s in range(self._max_seqs) if self._live[s]]
+        if sorted(self._slots + live) != list(range(self._max_seqs)):
+            fail("slot stack and live slots do not partition the sequence slots")
+        refs = [0] * nb
+        for slot in range(self._max_seqs):
+            table, length = self._table[slot], self._len[slot]
+            if not self._live[slot]:
+                if table or length:
+                    fail(f"free slot {slot} holds blocks or tokens")
+                continue
+            if len(table) != _blocks_for(length, bs) or length > self._max_seq_len:
+                fail(f"slot {slot}: {len(table)} blocks for {length} tokens")
+            for j, block in enumerate(table):
+                if not 0 <= block < nb:
+                    fail(f"slot {slot} references block {block} out of range")
+                refs[block] += 1
+                key = self._key[block]
+                prev = ROOT_HASH if j == 0 else self._hash[table[j - 1]]
+                if key is not None and (key[0] != prev or key[1] != self._salt[slot]):
+                    fail(f"block {block} of slot {slot}: hash chain or salt mismatch")
+                full = (j + 1) * bs <= length
+                eligible = self._prefix_caching and full and prev is not None
+                if key is None and eligible and -1 not in self._tokens[block]:
+                    fail(f"block {block} of slot {slot}: full known block without a hash")
+            if length % bs and any(t != -1 for t in self._tokens[table[-1]][length % bs :]):
+                fail(f"slot {slot}: payload beyond the sequence end in block {table[-1]}")
+        for block in range(nb):
+            if refs[block] != self._ref[block]:
+                fail(f"block {block}: refcount {self._ref[block]}, {refs[block]} references")
+        free = list(self._free)
+        if self._pool is not None:
+            if self._free:
+                fail("a manager with a page pool uses its free stack")
+            free = [b for blocks in self._page_free for b in blocks]
+            free += [b for v in self._unmapped for b in self._page_blocks(v)]
+        if len(set(free)) != len(free) or set(free) & set(self._lru):
+            fail("free stack holds a block twice or a cached block")
+        for block in free:
+            if self._ref[block] or self._key[block] is not None:
+                fail(f"free block {block} is referenced or hashed")
+            if any(t != -1 for t in self._tokens[block]):
+                fail(f"free block {block} is not scrubbed")
+        for block in self._lru:
+            if self._ref[block] or not self._is_registered(block):
+                fail(f"cached block {block} is referenced or not registered")
+        unused = sum(1 for r in self._ref if r == 0)
+        if unused != len(free) + len(self._lru):
+            fail(f"{unused} unreferenced blocks, {len(free) + len(self._lru)} free/cached")
+        if self._pool is not None:
+            self._check_pages(fail)
+        for block in range(nb):
+            key = self._key[block]
+            if key is None:
+                continue
+            if tuple(self._tokens[block]) != key[2] or self._hash[block] != _hash64(key):
+                fail(f"block {block}: payload or hash does not match its key")
+        for key, block in self._prefix.items():
+            if self._key[block] != key or not (self._ref[block] or block in self._lru):
+                fail(f"prefix entry of block {block} is stale")
+        c = self._counters
+        if min(c.values()) < 0 or c["prefix_hits"] > c["prefix_queries"]:
+            fail(f"inconsistent counters {c}")
+        if c["evictions"] > c["allocations"] or c["cow_copies"] > c["allocations"]:
+            fail(f"inconsistent counters {c}")

@@ -1,0 +1,425 @@
+"""The model's block manager: constructor, properties, sequences and the remaining public API.
+
+:class:`ReferenceBlockManager` is composed of the mixins of ``blocks``, ``prefix``, ``pages``,
+``calls`` and ``checks``; this module holds its state (built in the constructor), the sequence
+slots and ids, ``new_sequences``, ``fork``, ``release``, ``trim``, the block tables and the
+introspection that is not about pages.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import numpy as np
+
+from kvnumba._ids import make_id, new_tag, next_generation, split_id
+from kvnumba.errors import (
+    InvalidGeometry,
+    InvalidSequence,
+    SequenceReleased,
+    SequenceTooLong,
+    TooManySequences,
+)
+from kvnumba.reference._common import _COUNTERS, _as_int, _as_int_array
+from kvnumba.reference.blocks import BlocksMixin
+from kvnumba.reference.calls import CallsMixin
+from kvnumba.reference.checks import ChecksMixin
+from kvnumba.reference.pages import PagesMixin
+from kvnumba.reference.pool import ReferencePagePool
+from kvnumba.reference.prefix import PrefixMixin
+from kvnumba.results import Stats
+
+
+class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, ChecksMixin):
+    """Pure-Python model of ``kvnumba.BlockManager`` (the test oracle and benchmark baseline).
+
+    Parameters
+    ----------
+    num_blocks : int
+        Blocks in the pool, ids ``0 .. num_blocks - 1``; at least 1.
+    block_size : int
+        Tokens per block; at least 1.
+    max_seqs : int, default 1024
+        Live sequences at most (sequence slots).
+    max_seq_len : int, optional
+        Tokens per sequence at most; ``min(num_blocks * block_size, 32768)`` by default.
+    prefix_caching : bool, default True
+        Register full blocks of known content and reuse them in :meth:`admit`.
+    on_evict : callable, optional
+        ``on_evict(block_ids int64[n], block_hashes uint64[n], tokens int64[n, block_size])``,
+        called once after each call that evicted cached blocks (committed work only).
+    page_pool : ReferencePagePool, optional
+        Physical page pool shared with other managers (two-level allocation). The manager
+        registers itself on the pool.
+    blocks_per_page : int, optional
+        Blocks per virtual page ``k``; required with ``page_pool`` (and only with it) and must
+        divide ``num_blocks``.
+    id_tag : int, optional
+        The tag in the top bits of the ids (``kvnumba._ids``): pass a ``BlockManager``'s
+        ``id_tag`` to hand out the same ids as it does; a process-unique tag by default.
+
+    Raises
+    ------
+    InvalidGeometry
+        If a size argument is smaller than 1, if only one of ``page_pool`` and
+        ``blocks_per_page`` is given, or if ``blocks_per_page`` does not divide ``num_blocks``.
+
+    Notes
+    -----
+    Follows the deterministic policies of ``docs/design.md``: LIFO free-block and slot stacks,
+    ids ``tag << 47 | generation << slot_bits | slot``, release tail block first, eviction from the LRU head; with
+    a page pool, its page policy (fullest mapped page first, then map a page, then evict).
+    Not thread-safe: one thread at a time (for all managers of one pool together).
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        max_seqs: int = 1024,
+        max_seq_len: int | None = None,
+        prefix_caching: bool = True,
+        on_evict: Callable | None = None,
+        page_pool: ReferencePagePool | None = None,
+        blocks_per_page: int | None = None,
+        id_tag: int | None = None,
+    ):
+        num_blocks = _as_int(num_blocks, "num_blocks")
+        block_size = _as_int(block_size, "block_size")
+        max_seqs = _as_int(max_seqs, "max_seqs")
+        if max_seq_len is None:
+            max_seq_len = min(max(num_blocks, 0) * max(block_size, 0), 32768)
+        max_seq_len = _as_int(max_seq_len, "max_seq_len")
+        for name, value in (
+            ("num_blocks", num_blocks),
+            ("block_size", block_size),
+            ("max_seqs", max_seqs),
+            ("max_seq_len", max_seq_len),
+        ):
+            if value < 1:
+                raise InvalidGeometry(f"{name} must be at least 1, got {value}")
+        if (page_pool is None) != (blocks_per_page is None):
+            raise InvalidGeometry("page_pool and blocks_per_page go together")
+        if page_pool is not None:
+            if not isinstance(page_pool, ReferencePagePool):
+                raise TypeError(f"page_pool must be a ReferencePagePool, got {type(page_pool)}")
+            blocks_per_page = _as_int(blocks_per_page, "blocks_per_page")
+            if blocks_per_page < 1 or num_blocks % blocks_per_page:
+                raise InvalidGeometry(
+                    f"blocks_per_page={blocks_per_page} does not divide num_blocks={num_blocks}"
+                )
+        self._num_blocks = num_blocks
+        self._block_size = block_size
+        self._max_seqs = max_seqs
+        self._max_seq_len = max_seq_len
+        self._prefix_caching = bool(prefix_caching)
+        self._on_evict = on_evict
+
+        self._ref = [0] * num_blocks
+        self._tokens = [[-1] * block_size for _ in range(num_blocks)]
+        self._key: list[tuple | None] = [None] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._prefix: dict[tuple, int] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._free = list(range(num_blocks - 1, -1, -1))  # pops 0, 1, 2, ...
+
+        # Page state (see the package notes); without a pool it stays empty and unused.
+        self._pool = page_pool
+        self._k = blocks_per_page or 0
+        num_pages = num_blocks // self._k if page_pool is not None else 0
+        self._unmapped = list(range(num_pages - 1, -1, -1))  # pops 0, 1, 2, ...
+        self._phys = [-1] * num_pages
+        self._page_free: list[list[int]] = [[] for _ in range(num_pages)]
+        self._buckets: list[list[int]] = [[] for _ in range(self._k)]  # index 0 unused
+        self._cache_only: OrderedDict[int, int] = OrderedDict()
+        if page_pool is not None:
+            self._free = []  # free blocks live in pages (or in unmapped pages)
+
+        self._id_tag = new_tag(self) if id_tag is None else _as_int(id_tag, "id_tag")
+        self._gen = [0] * max_seqs
+        self._live = [False] * max_seqs
+        self._table: list[list[int]] = [[] for _ in range(max_seqs)]
+        self._len = [0] * max_seqs
+        self._salt = [0] * max_seqs
+        self._slots = list(range(max_seqs - 1, -1, -1))  # pops 0, 1, 2, ...
+
+        self._counters = dict.fromkeys(_COUNTERS, 0)
+        self._failed_calls = 0  # outside the state: never rolled back
+        self._evicted: list[tuple[int, int, list[int]]] = []  # evictions of the current call
+        self._unmapped_log: list[tuple[int, int]] = []  # (physical, virtual) of this call
+        self._mapped_log: list[tuple[int, int]] = []
+        if page_pool is not None:
+            page_pool._register(self)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self._block_size
+
+    @property
+    def id_tag(self) -> int:
+        """The tag in the top bits of every id this manager hands out."""
+        return self._id_tag
+
+    @property
+    def max_seqs(self) -> int:
+        """Live sequences at most."""
+        return self._max_seqs
+
+    @property
+    def max_seq_len(self) -> int:
+        """Tokens per sequence at most."""
+        return self._max_seq_len
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether full blocks are registered and reused by :meth:`admit`."""
+        return self._prefix_caching
+
+    @property
+    def page_pool(self) -> ReferencePagePool | None:
+        """The page pool, or ``None``."""
+        return self._pool
+
+    @property
+    def blocks_per_page(self) -> int | None:
+        """Blocks per virtual page, or ``None`` without a page pool."""
+        return self._k if self._pool is not None else None
+
+    # ------------------------------------------------------------------ sequence helpers
+
+    def _take_slot(self, salt: int) -> int:
+        slot = self._slots.pop()
+        self._gen[slot] = next_generation(self._gen[slot], self._max_seqs)
+        self._live[slot] = True
+        self._table[slot] = []  # a new list object (keeps admit snapshots valid)
+        self._len[slot] = 0
+        self._salt[slot] = salt
+        return slot
+
+    def _seq_id(self, slot: int) -> int:
+        return make_id(self._id_tag, self._gen[slot], slot, self._max_seqs)
+
+    def _resolve(self, seq_id: int) -> int:
+        """Slot of a live sequence id; raise ``InvalidSequence`` / ``SequenceReleased``."""
+        seq_id = int(seq_id)
+        tag, gen, slot = split_id(seq_id, self._max_seqs) if seq_id >= 0 else (-1, 0, 0)
+        if tag != self._id_tag or slot >= self._max_seqs or gen < 1 or gen > self._gen[slot]:
+            raise InvalidSequence(seq_id)
+        if gen != self._gen[slot] or not self._live[slot]:
+            raise SequenceReleased(seq_id)
+        return slot
+
+    def _resolve_all(self, ids: np.ndarray, *, unique: bool, counts=None) -> list[int]:
+        """Slots of ``ids``; per id in order: unknown/released, duplicate, too long."""
+        slots: list[int] = []
+        seen: set[int] = set()
+        for i, seq_id in enumerate(ids.tolist()):
+            slot = self._resolve(seq_id)
+            if unique:
+                if slot in seen:
+                    raise ValueError(f"sequence id {seq_id} appears twice in one call")
+                seen.add(slot)
+            if counts is not None and self._len[slot] + counts[i] > self._max_seq_len:
+                raise SequenceTooLong(seq_id, self._len[slot] + counts[i], self._max_seq_len)
+            slots.append(slot)
+        return slots
+
+    def _check_slots_free(self, requested: int) -> None:
+        if requested > len(self._slots):
+            raise TooManySequences(requested, len(self._slots), self._max_seqs)
+
+    # ------------------------------------------------------------------ public API
+
+    def new_sequences(self, count: int) -> np.ndarray:
+        """Create ``count`` empty sequences (salt 0).
+
+        Parameters
+        ----------
+        count : int
+            Sequences to create, ``>= 0``.
+
+        Returns
+        -------
+        numpy.ndarray of int64, shape (count,)
+            The new ids, in slot-stack order.
+
+        Raises
+        ------
+        TooManySequences
+            If fewer than ``count`` sequence slots are free.
+        """
+        count = _as_int(count, "count")
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        self._check_slots_free(count)
+        return np.array([self._seq_id(self._take_slot(0)) for _ in range(count)], dtype=np.int64)
+
+    def fork(self, ids, n: int = 1) -> np.ndarray:
+        """Give each parent ``n`` children sharing all its blocks (refcount += n).
+
+        Parameters
+        ----------
+        ids : array-like of int, shape (m,)
+            Live parent ids (repeats allowed).
+        n : int, default 1
+            Children per parent, ``>= 1``.
+
+        Returns
+        -------
+        numpy.ndarray of int64, shape (m, n)
+            Child ids; children copy the parent's table, length and salt.
+
+        Raises
+        ------
+        ValueError
+            ``n < 1`` or bad ``ids``.
+        InvalidSequence, SequenceReleased, TooManySequences
+        """
+        ids = _as_int_array(ids, "ids")
+        n = _as_int(n, "n")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        parents = self._resolve_all(ids, unique=False)
+        self._check_slots_free(len(parents) * n)
+        children = np.empty((len(parents), n), dtype=np.int64)
+        for i, parent in enumerate(parents):
+            for c in range(n):
+                child = self._take_slot(self._salt[parent])
+                self._table[child] = list(self._table[parent])
+                self._len[child] = self._len[parent]
+                for block in self._table[parent]:
+                    self._ref[block] += 1
+                children[i, c] = self._seq_id(child)
+        return children
+
+    def release(self, ids) -> None:
+        """Release sequences in input order, dropping each one's blocks tail first.
+
+        Parameters
+        ----------
+        ids : array-like of int, shape (m,)
+            Live sequence ids, no duplicates.
+
+        Raises
+        ------
+        ValueError
+            Duplicate or malformed ids.
+        InvalidSequence, SequenceReleased
+        """
+        ids = _as_int_array(ids, "ids")
+        slots = self._resolve_all(ids, unique=True)
+        self._begin_call()
+        for slot in slots:
+            for block in reversed(self._table[slot]):
+                self._drop_ref(block)
+            self._live[slot] = False
+            self._table[slot] = []
+            self._len[slot] = 0
+            self._salt[slot] = 0
+            self._slots.append(slot)
+        self._commit_call()  # pages that emptied: the pool's on_unmap
+
+    def trim(self) -> int:
+        """Evict the cached blocks of cache-only pages and unmap those pages.
+
+        Walks the cache-only list from its head (least recently stamped first); per page,
+        evicts its cached blocks in ascending block id (hash entry removed, reported to
+        ``on_evict``, payload scrubbed, counted) and gives the page back to the pool.
+
+        Returns
+        -------
+        int
+            Pages unmapped (0 without a page pool).
+        """
+        if self._pool is None:
+            return 0
+        self._begin_call()
+        count = self._give_up_pages(len(self._cache_only))
+        self._commit_call()
+        return count
+
+    def block_tables(self, ids) -> np.ndarray:
+        """Block tables of ``ids``, padded with -1.
+
+        Returns
+        -------
+        numpy.ndarray of int32, shape (len(ids), width)
+            ``width`` is the most blocks any of ``ids`` holds (0 for none).
+        """
+        slots = self._resolve_all(_as_int_array(ids, "ids"), unique=False)
+        width = max((len(self._table[s]) for s in slots), default=0)
+        out = np.full((len(slots), width), -1, dtype=np.int32)
+        for i, slot in enumerate(slots):
+            out[i, : len(self._table[slot])] = self._table[slot]
+        return out
+
+    def seq_lens(self, ids) -> np.ndarray:
+        """Tokens held by each of ``ids``.
+
+        Returns
+        -------
+        numpy.ndarray of int64, shape (len(ids),)
+        """
+        slots = self._resolve_all(_as_int_array(ids, "ids"), unique=False)
+        return np.array([self._len[s] for s in slots], dtype=np.int64)
+
+    # ------------------------------------------------------------------ introspection
+
+    def _check_block(self, block) -> int:
+        block = _as_int(block, "block")
+        if not 0 <= block < self._num_blocks:
+            raise IndexError(f"block {block} out of range 0..{self._num_blocks - 1}")
+        return block
+
+    def ref_count(self, block: int) -> int:
+        """References live sequences hold on ``block``."""
+        return self._ref[self._check_block(block)]
+
+    def block_payload(self, block: int) -> np.ndarray:
+        """Token payload of ``block``: int64[block_size], -1 where no token id is stored."""
+        return np.array(self._tokens[self._check_block(block)], dtype=np.int64)
+
+    def seq_tokens(self, seq_id: int) -> np.ndarray:
+        """Token ids of a live sequence (-1 for tokens appended without ids), int64[len]."""
+        slot = self._resolve(_as_int(seq_id, "seq_id"))
+        flat = [t for block in self._table[slot] for t in self._tokens[block]]
+        return np.array(flat[: self._len[slot]], dtype=np.int64)
+
+    def free_blocks(self) -> list[int]:
+        """Free block ids in stack order, bottom to top (the last one is handed out next).
+
+        With a page pool there is no single free stack: this returns the free lists of the
+        mapped pages (each bottom to top) concatenated in ascending virtual page order, which is
+        not a hand-out order (see :meth:`page_free_list`); blocks of unmapped pages are free
+        too but not listed.
+        """
+        if self._pool is None:
+            return list(self._free)
+        return [b for blocks in self._page_free for b in blocks]
+
+    def lru_blocks(self) -> list[int]:
+        """Cached block ids from the LRU head (evicted next) to the tail."""
+        return list(self._lru)
+
+    def stats(self) -> Stats:
+        """Counters and block census (``free`` includes the blocks of unmapped pages)."""
+        cached = len(self._lru)
+        used = sum(1 for r in self._ref if r)
+        return Stats(
+            used=used,
+            cached=cached,
+            free=self._num_blocks - used - cached,
+            mapped_pages=len(self._phys) - len(self._unmapped),
+            failed_calls=self._failed_calls,
+            **self._counters,
+        )

@@ -1,0 +1,48 @@
+"""The model's prefix table: chained hashes of full blocks and the longest cached prefix.
+
+A full block of known content whose parent has a hash gets the key ``(previous hash, salt,
+tokens)``; the first block that filled with a key is the one registered in ``_prefix``.
+"""
+
+from __future__ import annotations
+
+from kvnumba.reference._common import ROOT_HASH, _hash64
+
+
+class PrefixMixin:
+    """Prefix-table helpers of :class:`ReferenceBlockManager` (``_prefix``, ``_key``, ``_hash``,
+    ``_tokens``, ``_table``, ``_salt``, ``_prefix_caching``)."""
+
+    # ------------------------------------------------------------------ prefix helpers
+
+    def _register_if_full(self, slot: int, index: int) -> None:
+        """Hash block ``index`` of sequence ``slot`` (just filled) and register it if new."""
+        if not self._prefix_caching:
+            return
+        table = self._table[slot]
+        block = table[index]
+        row = self._tokens[block]
+        if -1 in row:  # a token appended without an id: content unknown
+            return
+        prev = ROOT_HASH if index == 0 else self._hash[table[index - 1]]
+        if prev is None:  # parent block without a hash
+            return
+        key = (prev, self._salt[slot], tuple(row))
+        self._key[block] = key
+        self._hash[block] = _hash64(key)
+        self._prefix.setdefault(key, block)  # the first block with this key stays registered
+
+    def _lookup_prefix(self, prompt: list[int], salt: int) -> list[int]:
+        """Registered blocks matching the prompt's leading full blocks (at most ``(L-1)//bs``)."""
+        if not self._prefix_caching:
+            return []
+        bs = self._block_size
+        hits: list[int] = []
+        prev = ROOT_HASH
+        for j in range((len(prompt) - 1) // bs):
+            block = self._prefix.get((prev, salt, tuple(prompt[j * bs : (j + 1) * bs])))
+            if block is None:
+                break
+            hits.append(block)
+            prev = self._hash[block]
+        return hits
