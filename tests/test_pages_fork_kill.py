@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import queue
 import random
 import signal
 import sys
@@ -27,6 +26,7 @@ import uuid
 
 import numpy as np
 import pytest
+from test_pages_managers_mp import _get  # one result, failing early if every worker died
 
 from kvnumba import BlockManager, InvariantViolation, PagePool, PoolExhausted
 from kvnumba._kernels import physical_pages as K
@@ -62,18 +62,6 @@ def _wait_dead(pid: int, start: int | None, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"process {pid} did not die")
         time.sleep(0.01)
-
-
-def _get(results, procs, timeout=60.0):
-    """One result, failing early if every worker died."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            return results.get(timeout=0.2)
-        except queue.Empty:
-            if not any(p.is_alive() for p in procs) and results.empty():
-                break
-    raise AssertionError("a worker did not report (see its stderr)")
 
 
 def _kill_pid(pid: int | None) -> None:
