@@ -108,7 +108,7 @@ step_torch() {
     printf 'torch==%s\n' "$TORCH_VERSION" >"$CACHE/constraints.txt"
     vpip install -q "torch==$TORCH_VERSION"
     local v
-    v=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')
+    v=$("$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__)')
     [[ $v == "$TORCH_VERSION+cpu" ]] || die "torch is $v, not the $TORCH_VERSION+cpu build"
     stamp torch
 }
@@ -280,6 +280,8 @@ env)
     for v in VLLM_TARGET_DEVICE HF_HUB_OFFLINE TRANSFORMERS_OFFLINE HF_HOME PYTHONPATH \
         VIRTUAL_ENV PATH; do printf 'export %s=%q\n' "$v" "${!v}"; done
     printf 'cd %q  # run pytest from the source archive root\n' "$SRC"
+    printf '# run adds tools/ to PYTHONPATH and -p vllm_select with KVNUMBA_VLLM_DESELECT=%q\n' \
+        "$HERE/vllm_not_applicable.txt"
     ;;
 python) shift; test_env; exec python "$@" ;;
 install-kvnumba)
@@ -292,7 +294,8 @@ install-kvnumba)
 pip) shift; test_env; exec python -m pip "$@" ;;
 info)
     echo "cache: $CACHE"
-    du -sh "$VENV" "$PKG" "$SRC" "$HF" "$DL" "$CACHE" 2>/dev/null || true
+    du -sh "$VENV" "$PKG" "$SRC" "$HF" "$DL" 2>/dev/null || true
+    du -sh "$CACHE" 2>/dev/null || true
     ;;
 *) sed -n '2,20p' "$0"; exit 2 ;;
 esac
