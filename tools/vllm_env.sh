@@ -222,6 +222,7 @@ step_hf() {
 
 build() {
     local t0=$SECONDS
+    [[ $(uname -m) == x86_64 ]] || die "only x86_64 is provided for (the wheel and torch file are)"
     mkdir -p "$CACHE"
     step_venv
     step_torch
@@ -242,7 +243,7 @@ run_tests() {
     fi
     build
     test_env
-    export KVNUMBA_VLLM_DESELECT=$deselect PYTHONPATH="$HERE:$PYTHONPATH"
+    export KVNUMBA_VLLM_DESELECT=$deselect PYTHONPATH="$PYTHONPATH:$HERE"
     local junit
     junit=$(mktemp --suffix=.xml)
     local t0 rc=0
@@ -280,7 +281,7 @@ env)
     for v in VLLM_TARGET_DEVICE HF_HUB_OFFLINE TRANSFORMERS_OFFLINE HF_HOME PYTHONPATH \
         VIRTUAL_ENV PATH; do printf 'export %s=%q\n' "$v" "${!v}"; done
     printf 'cd %q  # run pytest from the source archive root\n' "$SRC"
-    printf '# run adds tools/ to PYTHONPATH and -p vllm_select with KVNUMBA_VLLM_DESELECT=%q\n' \
+    printf '# run appends tools/ to PYTHONPATH and uses -p vllm_select with KVNUMBA_VLLM_DESELECT=%q\n' \
         "$HERE/vllm_not_applicable.txt"
     ;;
 python) shift; test_env; exec python "$@" ;;
