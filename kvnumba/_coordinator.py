@@ -27,6 +27,7 @@ import weakref
 import numpy as np
 
 from kvnumba import errors as E
+from kvnumba._kernels.entry import STATUS
 from kvnumba._state import NIL
 
 
@@ -115,13 +116,13 @@ class PoolCoordinator:
         with pool.lock():
             pool._repair_if_torn()  # before any page is taken: repair rewrites the free stack
             result = run()
-            if result[0] != E.ST_POOL_EXHAUSTED or not atomic:
+            if result[STATUS] != E.ST_POOL_EXHAUSTED or not atomic:
                 return result, []
             # Only a shared pool can hold pages of processes that died.
             if pool.is_shared and pool.num_free < manager._unmapped_pages():
                 if pool.reclaim_dead() > 0:
                     result = run()
-                    if result[0] != E.ST_POOL_EXHAUSTED:
+                    if result[STATUS] != E.ST_POOL_EXHAUSTED:
                         return result, []
             givers: list = []
             try:
@@ -134,7 +135,7 @@ class PoolCoordinator:
                 for sibling in reversed(givers):
                     sibling._rollback_give_up()
                 raise
-            if retry[0] == E.ST_POOL_EXHAUSTED:
+            if retry[STATUS] == E.ST_POOL_EXHAUSTED:
                 for sibling in reversed(givers):
                     sibling._rollback_give_up()
                 return result, []

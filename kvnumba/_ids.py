@@ -21,6 +21,8 @@ import itertools
 import threading
 import weakref
 
+from kvnumba.errors import InvalidGeometry
+
 #: Bits of the tag, at the top of the (non-negative) int64 id, and where they start.
 ID_TAG_BITS = 16
 ID_TAG_SHIFT = 63 - ID_TAG_BITS
@@ -45,7 +47,7 @@ def new_tag(owner: object) -> int:
     """
     with _lock:
         if len(_live) >= _TAGS - 1:
-            raise RuntimeError(f"more than {_TAGS - 1} live managers in one process")
+            raise InvalidGeometry(f"more than {_TAGS - 1} live managers in one process")
         while True:
             tag = next(_counter) % _TAGS
             if tag and tag not in _live:

@@ -1,11 +1,13 @@
-"""The page-pool side of ``BlockManager``: locking, sibling reclaim, ``trim`` and page callbacks.
+"""The virtual-page side of ``BlockManager``: a manager on a page pool.
 
-A manager on a :class:`kvnumba.PagePool` runs its allocating calls through the ``*_paged``
-kernels, which take the pool's arena as a third argument, and holds the pool's lock for the
-whole call (so the free pages seen at call start stay free until it ends). An atomic call that
-finds the pool empty first frees the pages of dead processes, then asks the other managers
-registered on the same pool object for cache-only pages, and is retried once; the siblings'
-give-ups are rolled back if the retry fails too. ``docs/design.md`` states the policy.
+A manager on a :class:`kvnumba.PagePool` runs its calls through the ``*_paged`` kernels, which
+take the pool's arena as a third argument, under the pool's lock for the whole call (so the
+free pages seen at call start stay free until it ends); its state-changing calls go through
+``BlockManager._run`` and the pool's :class:`~kvnumba._coordinator.PoolCoordinator`, which
+reclaims pages for a starving call. This mixin holds what is particular to one manager: joining
+the pool, ``can_append`` with what reclaim could add, ``trim``, ``close``, the narrow interface
+the coordinator uses (cache-only pages, give up, commit, roll back) and the page callbacks.
+``docs/design.md`` states the policy.
 """
 
 from __future__ import annotations

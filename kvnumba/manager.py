@@ -1,8 +1,11 @@
 """``BlockManager``: the facade over the kernels.
 
-Each public call validates and converts its input, calls one kernel with the state arrays as
-explicit arguments, turns a non-zero status into a typed exception and, once the kernel has
-committed, delivers the ``on_evict`` callback. One manager is used by one thread at a time.
+Each public call validates and converts its input and calls one entry kernel with the
+manager's two arenas (three on a page pool). The calls that change state run through one
+pipeline, ``BlockManager._run``: retry with larger record buffers, the pool's lock and reclaim,
+a typed exception for a non-zero status (the kernel changed nothing), and, once the kernel has
+committed, the callbacks (``on_evict``; ``on_map`` and ``on_unmap`` with a pool). One manager is
+used by one thread at a time.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from kvnumba._dispatch import compiled
 from kvnumba._ids import new_tag, split_id
 from kvnumba._inputs import check_state_bytes, index_array, positive_int
 from kvnumba._kernels.check import MESSAGES
+from kvnumba._kernels.entry import AVAILABLE, BAD, NEEDED, RESULT, STATUS
 from kvnumba._kernels.undo import undo_log_rows
 from kvnumba._state import (
     M_ALLOCATIONS,
@@ -601,7 +605,7 @@ class BlockManager(PagedCalls):
             while True:
                 if result is None:
                     result = kernel(*args, *(self._args if self._pool is None else self._pargs))
-                if result[0] != E.ST_NEED_BUFFERS or grow is None:
+                if result[STATUS] != E.ST_NEED_BUFFERS or grow is None:
                     return result
                 grow(result)
                 result = None
@@ -613,12 +617,18 @@ class BlockManager(PagedCalls):
             result, givers = self._pool._coordinator.run_with_reclaim(
                 self, until_buffers_fit, atomic
             )
-        if result[0]:
-            needed, available = (result[2], result[3]) if len(result) > 2 else (0, 0)
-            self._raise(result[0], result[1], ids, needed=needed, available=available, **context)
+        if result[STATUS]:
+            self._raise(
+                result[STATUS],
+                result[BAD],
+                ids,
+                needed=result[NEEDED],
+                available=result[AVAILABLE],
+                **context,
+            )
         if not atomic and self._scr[S_FAILED]:  # set by a partial append or admit only
             self._failed_calls += 1
-        out = None if build is None else build(result[4:8])
+        out = None if build is None else build(result[RESULT])
         if self._pool is not None:
             self._deliver_paged(givers, out, pending)
         elif self._on_evict is not None:

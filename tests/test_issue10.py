@@ -372,3 +372,16 @@ def test_generation_wraps_to_one_after_its_limit_in_kernels_and_model():
     with pytest.raises(kvnumba.InvalidSequence):
         mgr.seq_lens(first)  # the last generation's id: no longer live
     mgr.check()
+
+
+def test_a_tag_outside_its_range_is_refused_and_tags_can_run_out(monkeypatch):
+    from kvnumba import _ids
+    from kvnumba.reference import ReferenceBlockManager
+
+    for bad in (0, -1, 1 << 16):
+        with pytest.raises(kvnumba.InvalidGeometry):
+            ReferenceBlockManager(4, 1, id_tag=bad)
+    # Every tag held by a live manager: the next manager is refused with a typed error.
+    monkeypatch.setattr(_ids, "_live", set(range(1, 1 << 16)))
+    with pytest.raises(kvnumba.InvalidGeometry, match="live managers"):
+        BlockManager(4, 1)

@@ -77,3 +77,15 @@ def test_carved_view_holds_a_reference_to_its_arena():
     gc.collect()
     assert sys.getrefcount(arena) == alone
     assert arena[8] == 5
+
+
+def test_carve_takes_only_a_byte_arena():
+    import numba
+
+    @njit
+    def carve_int_arena(arena):
+        return carve(arena, 0, (1,), np.int64)
+
+    # A typing error when compiled, a TypeError in Python (NUMBA_DISABLE_JIT).
+    with pytest.raises((numba.TypingError, TypeError)):
+        carve_int_arena(np.zeros(8, dtype=np.int64))

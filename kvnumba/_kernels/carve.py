@@ -35,13 +35,23 @@ def carve_py(arena, offset, shape, dtype):
     numpy.ndarray
         A C-contiguous view of ``arena``.
     """
+    if arena.dtype != np.uint8 or arena.ndim != 1:
+        raise TypeError("carve takes a 1-D uint8 arena")
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     return arena[offset : offset + nbytes].view(dtype).reshape(shape)
 
 
 @intrinsic
 def _carve(typingctx, arena, offset, shape, dtype):
-    if not (isinstance(arena, types.Array) and isinstance(shape, types.UniTuple)):
+    # The offset counts bytes: only a 1-D C-contiguous uint8 arena; shapes of machine integers.
+    if not (
+        isinstance(arena, types.Array)
+        and arena.dtype == types.uint8
+        and arena.ndim == 1
+        and arena.layout == "C"
+        and isinstance(shape, types.UniTuple)
+        and isinstance(shape.dtype, types.Integer)
+    ):
         return None
     view_type = types.Array(dtype.dtype, shape.count, "C")
 
@@ -52,7 +62,10 @@ def _carve(typingctx, arena, offset, shape, dtype):
         element = context.get_data_type(view_type.dtype)
         itemsize = context.get_abi_sizeof(element)
         data = builder.bitcast(builder.gep(base.data, [offset_value]), element.as_pointer())
-        dims = cgutils.unpack_tuple(builder, shape_value, shape.count)
+        dims = [
+            context.cast(builder, dim, shape.dtype, types.intp)
+            for dim in cgutils.unpack_tuple(builder, shape_value, shape.count)
+        ]
         strides, step = [], ir.Constant(dims[0].type, itemsize)
         for dim in reversed(dims):  # C order: the last axis is contiguous
             strides.insert(0, step)

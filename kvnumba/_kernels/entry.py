@@ -3,6 +3,13 @@
 An entry kernel allocates the call's result arrays (the only part that needs numba's runtime)
 and hands everything to workers compiled without it, which carve their views out of the arenas
 and run with every helper inlined: no reference counting anywhere on the hot path.
+
+The state-changing kernels (``append``, ``admit``, ``release``) return one outcome layout, named
+by the constants below and read by name in the facade's ``BlockManager._run``: ``status``,
+``bad`` (index of the offending input), ``needed`` and ``available`` (blocks, for
+``PoolExhausted``; record rows for ``ST_NEED_BUFFERS``), then the result fields. Variable-size
+records of a committed call (evictions, pages mapped and unmapped) stay in the scratch arena,
+where the facade reads them for the callbacks.
 """
 
 import numpy as np
@@ -24,6 +31,11 @@ from kvnumba._kernels.sequences import (
 from kvnumba._kernels.trim import commit_give_up, rollback_give_up, run_give_up
 from kvnumba._kernels.views import scratch_slots
 from kvnumba.errors import ST_OK
+
+#: Positions of the outcome of a state-changing entry kernel (a tuple: boxing a named tuple
+#: would cost the hot path).
+STATUS, BAD, NEEDED, AVAILABLE = 0, 1, 2, 3
+RESULT = slice(4, 8)
 
 
 @njit(cache=True)
@@ -160,12 +172,12 @@ def _release(ids, arena, scratch, pool):
     status, bad = resolve_ids(ids, np.bool_(True), slots, arena, scratch)
     if status == ST_OK:
         run_release(slots, arena, scratch, pool)
-    return status, bad
+    return status, bad, 0, 0
 
 
 @njit(cache=True)
 def k_release(ids, arena, scratch):
-    """``release``: returns (status, bad)."""
+    """``release``: returns (status, bad, 0, 0)."""
     return _release(ids, arena, scratch, scratch)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvnumba._ids import make_id, new_tag, next_generation, split_id
+from kvnumba._ids import ID_TAG_BITS, make_id, new_tag, next_generation, split_id
 from kvnumba.errors import (
     InvalidGeometry,
     InvalidSequence,
@@ -137,7 +137,11 @@ class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, Ch
         if page_pool is not None:
             self._free = []  # free blocks live in pages (or in unmapped pages)
 
-        self._id_tag = new_tag(self) if id_tag is None else _as_int(id_tag, "id_tag")
+        if id_tag is None:
+            id_tag = new_tag(self)
+        elif not 1 <= _as_int(id_tag, "id_tag") < 1 << ID_TAG_BITS:
+            raise InvalidGeometry(f"id_tag must be in 1 .. {(1 << ID_TAG_BITS) - 1}, got {id_tag}")
+        self._id_tag = int(id_tag)
         self._gen = [0] * max_seqs
         self._live = [False] * max_seqs
         self._table: list[list[int]] = [[] for _ in range(max_seqs)]
