@@ -13,6 +13,7 @@ A manager takes part through a narrow interface and no manager reads another's a
 - ``_cache_only_count()`` and ``_cache_only_stamps(limit)``: its cache-only pages, oldest first,
   as ``(stamp, page)``;
 - ``_shortfall()``: the blocks its last failed call lacked;
+- ``_claim_pages_after_fork()``: in a forked child, its pages take the child's identity;
 - ``_give_up(pages)``, ``_commit_give_up()``, ``_rollback_give_up()``: a logged give-up of its
   oldest cache-only pages, and its end (the starving manager then delivers the giver's
   callbacks, ``_deliver_evictions`` and ``_deliver_unmaps``, with its own).
@@ -115,6 +116,7 @@ class PoolCoordinator:
         pool = self._pool
         with pool.lock():
             pool._repair_if_torn()  # before any page is taken: repair rewrites the free stack
+            manager._claim_pages_after_fork()
             result = run()
             if result[STATUS] != E.ST_POOL_EXHAUSTED or not atomic:
                 return result, []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvnumba import errors as E
+from kvnumba._kernels.physical_pages import O_CLIENT, O_PID, O_START, views_of
 from kvnumba._kernels.undo import give_up_log_rows
 from kvnumba._state import (
     M_CACHED,
@@ -77,12 +78,28 @@ class PagedCalls:
     def _after_fork(self, pid: int, start: int) -> None:
         """In a forked child: record the child's pid and start time on the pages it maps.
 
-        Pages mapped before the fork keep the parent's stamp; the parent's copy of the manager
-        holds them as well, so a manager and its pages belong to one of the two processes.
+        The pages mapped before the fork still carry the parent's identity; the child's first
+        state-changing call stamps them with its own (:meth:`_claim_pages_after_fork`), so that
+        they outlive the parent. A manager and its pages belong to one of the two processes:
+        the one that goes on using it.
         """
         meta = self._s.meta
         meta[M_PID] = pid
         meta[M_START] = start
+        self._claim_after_fork = True
+
+    def _claim_pages_after_fork(self) -> None:
+        """Under the pool's lock, in a forked child's first state-changing call: the pages this
+        manager holds get the child's pid and start time (once; a walk of its mapped pages)."""
+        if not getattr(self, "_claim_after_fork", False):
+            return
+        self._claim_after_fork = False
+        _, _, owner = views_of(self._pool.arena)
+        meta = self._s.meta
+        for page in self.mapped_pages().tolist():
+            if owner[page, O_CLIENT] == self._client:
+                owner[page, O_PID] = meta[M_PID]
+                owner[page, O_START] = meta[M_START]
 
     @property
     def page_pool(self):

@@ -79,13 +79,15 @@ def _fork_worker(name: str, results) -> None:
     pool = PagePool.attach(name)
     own = pool.register_client()
     pool.map_pages(own, [0])  # this process's page: it dies with it
-    mgr = _manager(pool)  # built before the fork, nothing mapped yet
+    mgr = _manager(pool)
+    before = mgr.new_sequences(1)
+    mgr.append(before, [BLOCKS_PER_PAGE * BLOCK_SIZE])  # one page mapped before the fork
     loose = pool.register_client()
     pid = os.fork()
     if pid == 0:  # the child
         try:
             ids = mgr.new_sequences(1)
-            mgr.append(ids, [3 * BLOCKS_PER_PAGE * BLOCK_SIZE])  # three pages
+            mgr.append(ids, [3 * BLOCKS_PER_PAGE * BLOCK_SIZE])  # three pages, and the claim
             mgr.check()
             extra = pool.map_pages(loose, [50])  # the pool object, used in the child
             results.put(
@@ -125,9 +127,10 @@ def test_forked_child_stamps_its_own_pid_and_outlives_its_parent():
         assert parent_pid == parent.pid and child_pid != parent_pid
         child_start = process_start_time(child_pid)
         assert child_start is not None, "the forked child must outlive its parent"
-        assert len(pages) == 3 and len(extra) == 1
+        assert len(pages) == 4 and len(extra) == 1
 
-        # Every page the child mapped records the child, not its (now dead) parent.
+        # Every page the child holds records the child, not its (now dead) parent: the three
+        # it mapped, and the one its manager mapped before the fork (claimed by its first call).
         for p in pages:
             assert pool.owner_of(p)[:3] == (client, child_pid, child_start)
         assert pool.owner_of(extra[0])[:3] == (loose, child_pid, child_start)
@@ -138,11 +141,11 @@ def test_forked_child_stamps_its_own_pid_and_outlives_its_parent():
         assert pool.pages_of(client).tolist() == sorted(pages)
         assert pool.pages_of(loose).tolist() == extra
         pool.check()
-        assert pool.num_free == 8 - 4
+        assert pool.num_free == 8 - 5
 
         _kill_pid(child_pid)
         _wait_dead(child_pid, child_start)
-        assert pool.reclaim_dead() == 4
+        assert pool.reclaim_dead() == 5
         pool.check()
         assert pool.num_free == 8
     finally:
