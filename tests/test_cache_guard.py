@@ -19,3 +19,18 @@ def test_stale_cache_files_are_dropped_once(tmp_path, monkeypatch):
     (cache / "entry.k_append-40.py311.nbi").write_bytes(b"index compiled from these sources")
     assert kernels.drop_stale_cache() == 0  # the marker now matches: nothing to drop
     assert (cache / "entry.k_append-40.py311.nbi").exists()
+
+
+def test_with_numba_cache_dir_set_only_that_cache_counts(tmp_path, monkeypatch):
+    # numba looks only under NUMBA_CACHE_DIR when it is set: kernels compiled next to the
+    # sources must not make a cold cache look warm (no compile notice would be printed).
+    from numba.core import config
+
+    from kvnumba import _dispatch
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    dirs = kernels._cache_dirs()
+    assert len(dirs) == 1 and tmp_path in dirs[0].parents
+    assert not _dispatch.is_cached("k_append")
+    monkeypatch.setattr(config, "CACHE_DIR", "")
+    assert kernels._cache_dirs() == [kernels._HERE / "__pycache__"]

@@ -26,12 +26,12 @@ _MARKER = "kvnumba-kernels.sha256"
 
 
 def _cache_dirs() -> list[Path]:
-    """Where numba keeps the cache of this package's kernels (both of its usual places)."""
-    dirs = [_HERE / "__pycache__"]
+    """Where numba keeps the cache of this package's kernels: under ``NUMBA_CACHE_DIR`` when it
+    is set (numba then looks nowhere else, so neither do we), else next to the sources."""
     if config.CACHE_DIR:
         subpath = _CacheLocator.get_suitable_cache_subpath(str(_HERE / "entry.py"))
-        dirs.append(Path(config.CACHE_DIR) / subpath)
-    return dirs
+        return [Path(config.CACHE_DIR) / subpath]
+    return [_HERE / "__pycache__"]
 
 
 def drop_stale_cache() -> int:
