@@ -29,7 +29,9 @@ ID_TAG_SHIFT = 63 - ID_TAG_BITS
 _TAGS = 1 << ID_TAG_BITS
 _counter = itertools.count(1)
 _live: set[int] = set()
-_lock = threading.Lock()
+# Reentrant: a garbage collection inside new_tag can run a collected manager's finalizer
+# (_release_tag) in the same thread, which then takes the lock again (it deadlocked tests).
+_lock = threading.RLock()
 
 
 def new_tag(owner: object) -> int:
