@@ -385,3 +385,20 @@ def test_a_tag_outside_its_range_is_refused_and_tags_can_run_out(monkeypatch):
     monkeypatch.setattr(_ids, "_live", set(range(1, 1 << 16)))
     with pytest.raises(kvnumba.InvalidGeometry, match="live managers"):
         BlockManager(4, 1)
+
+
+def test_a_tag_released_while_a_tag_is_taken_does_not_deadlock():
+    # A garbage collection inside new_tag can run a collected manager's finalizer in the same
+    # thread, which releases its tag under the same lock.
+    import threading
+
+    from kvnumba import _ids
+
+    def release_inside():
+        with _ids._lock:
+            _ids._release_tag(1 << 20)
+
+    worker = threading.Thread(target=release_inside, daemon=True)
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive()
