@@ -69,9 +69,21 @@ def slot_bits(max_seqs: int) -> int:
     return max(1, (max_seqs - 1).bit_length())
 
 
+def generation_mask(bits: int) -> int:
+    """Mask of an id's generation field when its slot takes ``bits`` bits (also the largest
+    generation: the kernels compile this function too)."""
+    return (1 << (ID_TAG_SHIFT - bits)) - 1
+
+
+def compose_id(tag: int, generation: int, slot: int, bits: int) -> int:
+    """The id of ``slot`` at ``generation`` under ``tag``, the slot taking ``bits`` bits (the
+    kernels compile this function too)."""
+    return tag << ID_TAG_SHIFT | generation << bits | slot
+
+
 def generation_limit(max_seqs: int) -> int:
     """Generations an id can tell apart before they wrap (the largest is the limit)."""
-    return (1 << (ID_TAG_SHIFT - slot_bits(max_seqs))) - 1
+    return generation_mask(slot_bits(max_seqs))
 
 
 def next_generation(generation: int, max_seqs: int) -> int:
@@ -81,15 +93,14 @@ def next_generation(generation: int, max_seqs: int) -> int:
 
 def make_id(tag: int, generation: int, slot: int, max_seqs: int) -> int:
     """The id of ``slot`` at ``generation`` in the manager tagged ``tag``."""
-    return tag << ID_TAG_SHIFT | generation << slot_bits(max_seqs) | slot
+    return compose_id(tag, generation, slot, slot_bits(max_seqs))
 
 
 def split_id(seq_id: int, max_seqs: int) -> tuple[int, int, int]:
     """``(tag, generation, slot)`` of a non-negative id (inverse of :func:`make_id`)."""
     bits = slot_bits(max_seqs)
-    generation_mask = (1 << (ID_TAG_SHIFT - bits)) - 1
     return (
         seq_id >> ID_TAG_SHIFT,
-        (seq_id >> bits) & generation_mask,
+        (seq_id >> bits) & generation_mask(bits),
         seq_id & ((1 << bits) - 1),
     )

@@ -72,6 +72,7 @@ class PagedCalls:
         # stamp its own pid, or the pages it maps die with its parent (reclaim_dead).
         FORK_AWARE.add(self)
         self._client = client
+        self._claim_after_fork = False  # set in a forked child (_after_fork)
         self._pargs = (self._arena, self._scratch, pool.arena)
         self._finalizer = pool._coordinator.register(self, client, self._s.page_phys)
 
@@ -91,7 +92,7 @@ class PagedCalls:
     def _claim_pages_after_fork(self) -> None:
         """Under the pool's lock, in a forked child's first state-changing call: the pages this
         manager holds get the child's pid and start time (once; a walk of its mapped pages)."""
-        if not getattr(self, "_claim_after_fork", False):
+        if not self._claim_after_fork:
             return
         self._claim_after_fork = False
         _, _, owner = views_of(self._pool.arena)

@@ -389,10 +389,10 @@ class BlockManager(PagedCalls):
             # they cost a one-sequence append about 0.5 us, a fifth); anything else (a
             # failure, more record buffers) continues in _run from this first result.
             first = self._k_append(*args, *self._args)
-            if first[0] == 0:
+            if first[STATUS] == 0:
                 if atomic is not True and self._scr[S_FAILED]:
                     self._failed_calls += 1
-                out = _new_append_result(first[4:])
+                out = _new_append_result(first[RESULT])
                 if self._on_evict is not None:
                     deliver_all((self._deliver_evictions,), out)
                 return out
@@ -400,7 +400,7 @@ class BlockManager(PagedCalls):
             self._k_append,
             args,
             atomic=atomic,
-            grow=lambda result: self._grow_records(result[2]),
+            grow=lambda result: self._grow_records(result[NEEDED]),
             build=_new_append_result,
             first=first,
             ids=ids,
@@ -451,7 +451,7 @@ class BlockManager(PagedCalls):
             self._k_admit,
             (tokens_in, lengths, salts, atomic),
             atomic=atomic,
-            grow=lambda r: self._grow_records(min(r[2], self._num_blocks), r[2], prompts),
+            grow=lambda r: self._grow_records(min(r[NEEDED], self._num_blocks), r[NEEDED], prompts),
             build=_new_admit_result,
             lengths=lengths,
             tokens=tokens_in,

@@ -8,7 +8,7 @@ an unknown one, and the manager's tag makes another manager's id unknown here.
 import numpy as np
 from numba import int64, types
 
-from kvnumba._ids import ID_TAG_SHIFT
+from kvnumba._ids import ID_TAG_SHIFT, compose_id, generation_mask
 from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined, out_of_line
@@ -35,6 +35,10 @@ from kvnumba.errors import (
     ST_UNKNOWN_SEQ,
 )
 
+# The id layout is written once, in kvnumba._ids; the kernels compile the same functions.
+_generation_mask = inlined(generation_mask)
+_compose_id = inlined(compose_id)
+
 
 @inlined
 def resolve(v, seq_id):
@@ -43,7 +47,7 @@ def resolve(v, seq_id):
         return ST_UNKNOWN_SEQ, -1
     bits = v.meta[M_SLOT_BITS]
     slot = seq_id & ((1 << bits) - 1)
-    gen = (seq_id >> bits) & ((1 << (ID_TAG_SHIFT - bits)) - 1)
+    gen = (seq_id >> bits) & _generation_mask(bits)
     if slot >= v.seq_gen.shape[0] or gen < 1:
         return ST_UNKNOWN_SEQ, -1
     current = v.seq_gen[slot]
@@ -66,13 +70,13 @@ def open_slot(v, salt):
     log_write(v, FIELD.seq_salt, slot, v.seq_salt[slot])
     log_write(v, FIELD.seq_len, slot, v.seq_len[slot])
     bits = meta[M_SLOT_BITS]
-    gen = v.seq_gen[slot] % ((1 << (ID_TAG_SHIFT - bits)) - 1) + 1  # wraps to 1 (kvnumba._ids)
+    gen = v.seq_gen[slot] % _generation_mask(bits) + 1  # wraps to 1 (kvnumba._ids)
     v.seq_gen[slot] = gen
     v.seq_live[slot] = 1
     v.seq_salt[slot] = salt
     v.seq_len[slot] = 0
     meta[M_LIVE_SEQS] += 1
-    return slot, (meta[M_ID_TAG] << ID_TAG_SHIFT) | (gen << bits) | slot
+    return slot, _compose_id(meta[M_ID_TAG], gen, slot, bits)
 
 
 @out_of_line
