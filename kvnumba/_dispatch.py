@@ -34,6 +34,10 @@ SIGNATURES = {
     "k_block_tables": (_VEC,),
     "k_seq_lens": (_VEC,),
     "k_check": (),
+    # Engine conveniences: compiled on first use only (never by the quick start).
+    "k_truncate": (_VEC, _VEC),
+    "k_evict": (_VEC,),
+    "k_reset_prefix_cache": (),
     # Managers on a page pool: the pool's arena is a third arena argument.
     "k_append_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _INT),
     "k_can_append_paged": (_VEC, _VEC),
@@ -43,7 +47,13 @@ SIGNATURES = {
     "k_commit_give_up": (),
     "k_rollback_give_up": (),
     "k_check_paged": (),
+    "k_truncate_paged": (_VEC, _VEC),
+    "k_evict_paged": (_VEC,),
+    "k_reset_prefix_cache_paged": (),
 }
+#: Kernels a manager loads on first use even on a page pool (``manager._kernel``): rarely
+#: called, they would lengthen every paged manager's first construction.
+LAZY = frozenset({"k_truncate", "k_evict", "k_reset_prefix_cache"})
 #: Kernels taking the page pool's arena after the manager's two.
 PAGED = frozenset(name for name in SIGNATURES if "paged" in name or "give_up" in name)
 

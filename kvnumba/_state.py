@@ -54,6 +54,7 @@ M_PID = 25
 M_START = 26
 M_ID_TAG = 27  # the manager's id tag (kvnumba._ids): the top bits of every id it hands out
 M_SLOT_BITS = 28  # bits of an id that hold the slot
+M_RESERVED = 29  # blocks 0 .. M_RESERVED-1 are never handed out (``reserved_blocks``)
 META_SIZE = 32
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
@@ -118,6 +119,12 @@ STATE_FIELDS = (
     Field("seq_gen", np.int64, ("seqs",), "Generation of the slot's current or last occupant."),
     Field("seq_salt", np.int64, ("seqs",), "Prefix-cache salt of every slot."),
     Field("seq_live", np.uint8, ("seqs",), "1 while the slot holds a live sequence."),
+    Field(
+        "seq_pin",
+        np.int32,
+        ("seqs",),
+        "Shared tail block a truncation cut into, held by one extra reference, or -1.",
+    ),
     Field(
         "slot_stack",
         np.int32,
@@ -257,6 +264,7 @@ def new_state(
     hash_bits: int = 64,
     blocks_per_page: int = 0,
     id_tag: int = 0,
+    reserved_blocks: int = 0,
 ) -> tuple[np.ndarray, State]:
     """Allocate the state arena of an empty manager.
 
@@ -272,6 +280,9 @@ def new_state(
         Blocks per virtual page with a page pool (dividing ``num_blocks``), 0 without one.
     id_tag : int
         The manager's id tag (:mod:`kvnumba._ids`).
+    reserved_blocks : int
+        Blocks ``0 .. reserved_blocks - 1`` kept off the free stack forever (0 with a page
+        pool).
 
     Returns
     -------
@@ -287,13 +298,17 @@ def new_state(
     state = State(**v)
     state.lru_prev[:] = NIL
     state.lru_next[:] = NIL
-    state.free_stack[:] = np.arange(n - 1, -1, -1)  # reversed: block 0 is popped first
+    r = reserved_blocks
+    # Reversed: the lowest unreserved block is popped first; reserved blocks are never listed.
+    state.free_stack[: n - r] = np.arange(n - 1, r - 1, -1)
     state.tokens[:] = -1
     state.htab[:] = EMPTY
     state.seq_table[:] = NIL
+    state.seq_pin[:] = NIL
     state.slot_stack[:] = np.arange(m - 1, -1, -1)
     meta = state.meta
-    meta[M_FREE_TOP] = n
+    meta[M_FREE_TOP] = n - r
+    meta[M_RESERVED] = r
     meta[M_LRU_HEAD] = NIL
     meta[M_LRU_TAIL] = NIL
     meta[M_SLOT_TOP] = m

@@ -20,6 +20,9 @@ ST_NEGATIVE_COUNT = 8
 ST_TOKEN_MISMATCH = 9  # len(tokens) differs from the number of tokens the call appends
 ST_BAD_TOKEN = 10  # a negative token id (-1 is reserved for "no id")
 ST_BAD_LENGTH = 11  # a prompt of length < 1
+ST_BAD_NEW_LEN = 12  # truncate: a new length below 0 or above the sequence's length
+ST_BAD_BLOCK = 13  # evict: a block id outside the pool
+ST_BLOCK_IN_USE = 14  # evict: a block that a sequence references
 
 
 class KVNumbaError(Exception):

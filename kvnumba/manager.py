@@ -66,15 +66,28 @@ def _bind_kernels(manager, paged: bool) -> None:
     pays only for the kernels it calls. A manager on a page pool loads all of its kernels at
     construction, so that no call compiles while it holds the pool's lock.
     """
-    from kvnumba._dispatch import SIGNATURES
+    from kvnumba._dispatch import LAZY, SIGNATURES
 
     for name in SIGNATURES:
         kernel = name + "_paged" if paged and name + "_paged" in SIGNATURES else name
         attribute = "_" + name
+        if name in LAZY:
+            continue  # loaded by _kernel() on first use, before the call takes any lock
         if paged and kernel not in _KERNELS:
             # Compiled now, never under the page pool's lock (other processes would wait).
             _KERNELS[kernel] = compiled(kernel)
         setattr(manager, attribute, _KERNELS.get(kernel) or _loader(manager, kernel, attribute))
+
+
+def _kernel(manager, name: str):
+    """The compiled entry kernel ``name`` (its paged variant on a page pool), compiling or
+    loading it now if needed: called before a call takes the pool's lock."""
+    if manager._pool is not None:
+        name += "_paged"
+    kernel = _KERNELS.get(name)
+    if kernel is None:
+        kernel = _KERNELS[name] = compiled(name)
+    return kernel
 
 
 def _loader(manager, name: str, attribute: str):
@@ -122,6 +135,11 @@ class BlockManager(PagedCalls):
         Refuse (``InvalidGeometry``) a geometry whose state arrays need more bytes. Without it
         the bound is what the process may use: physical memory and the room left under its
         address-space limit (``RLIMIT_AS``); the size is computed before anything is allocated.
+    reserved_blocks : int, default 0
+        Blocks ``0 .. reserved_blocks - 1`` are never handed out (e.g. vLLM's null block):
+        never free, cached or used, so ``stats()`` counts ``num_blocks - reserved_blocks``.
+        ``0 <= reserved_blocks < num_blocks``; must be 0 with a page pool
+        (``docs/design.md``, "Shrinking and engine conveniences").
 
     Notes
     -----
@@ -141,6 +159,7 @@ class BlockManager(PagedCalls):
         page_pool=None,
         blocks_per_page: int | None = None,
         max_state_bytes: int | None = None,
+        reserved_blocks: int = 0,
         _hash_bits: int = 64,
     ):
         geometry = E.InvalidGeometry
@@ -153,6 +172,15 @@ class BlockManager(PagedCalls):
         if max(num_blocks, max_seqs, max_seq_len) >= 2**31 - 1:
             raise geometry("num_blocks, max_seqs and max_seq_len must be below 2**31 - 1")
         blocks_per_page = self._check_pages(num_blocks, page_pool, blocks_per_page)
+        if isinstance(reserved_blocks, (bool, np.bool_)):
+            raise TypeError("reserved_blocks must be an integer, not a bool")
+        reserved_blocks = operator.index(reserved_blocks)
+        if not 0 <= reserved_blocks < num_blocks:
+            raise geometry(f"reserved_blocks must be in [0, {num_blocks}), got {reserved_blocks}")
+        if reserved_blocks and page_pool is not None:
+            # A reserved block is neither free nor in use, so its virtual page could never be
+            # unmapped: it would hold a physical page of the shared pool forever.
+            raise geometry("reserved_blocks must be 0 with a page pool")
         if on_evict is not None and not callable(on_evict):
             raise TypeError("on_evict must be callable")
         if not 0 <= _hash_bits <= 64:
@@ -184,7 +212,9 @@ class BlockManager(PagedCalls):
             _hash_bits,
             blocks_per_page,
             self._id_tag,
+            reserved_blocks,
         )
+        self._reserved = reserved_blocks
         self._k = blocks_per_page
         self._num_pages = num_blocks // blocks_per_page if blocks_per_page else 0
         self._new_scratch(rows=64, log_rows=64)
@@ -257,7 +287,8 @@ class BlockManager(PagedCalls):
         pages = f", mapped_pages={int(meta[M_MAPPED])}" if self._k else ""
         return (
             f"BlockManager(num_blocks={self._num_blocks}, block_size={self._block_size}, "
-            f"used={used}, cached={cached}, free={self._num_blocks - used - cached}, "
+            f"used={used}, cached={cached}, "
+            f"free={self._num_blocks - self._reserved - used - cached}, "
             f"live_seqs={int(meta[M_LIVE_SEQS])}{pages})"
         )
 
@@ -271,6 +302,11 @@ class BlockManager(PagedCalls):
     def block_size(self) -> int:
         """Token slots per block."""
         return self._block_size
+
+    @property
+    def reserved_blocks(self) -> int:
+        """Blocks ``0 .. reserved_blocks - 1``, never handed out."""
+        return self._reserved
 
     @property
     def id_tag(self) -> int:
@@ -498,6 +534,101 @@ class BlockManager(PagedCalls):
         ids = index_array(ids, "ids")
         self._run(self._k_release, (ids,), ids=ids)
 
+    def truncate(self, ids, new_lens) -> None:
+        """Shorten sequences (e.g. rejected speculative tokens): each ``ids[i]`` keeps its
+        first ``new_lens[i]`` tokens.
+
+        Whole blocks past the new end drop one reference each, tail block first (as
+        :meth:`release`: a registered block reaching refcount 0 is cached, any other freed). A
+        block the new end cuts into stays as the partial tail: held by this sequence alone,
+        its slots past the end are scrubbed and it is unregistered from the prefix cache;
+        shared, it stays intact for its other holders and this sequence's next append copies
+        it (``docs/design.md``, "Shrinking and engine conveniences"). Nothing grows, so the
+        call never fails for lack of blocks.
+
+        Parameters
+        ----------
+        ids : 1-D integer array-like
+            Live sequence ids, no duplicates.
+        new_lens : 1-D integer array-like
+            New length per sequence, ``0 <= new_lens[i] <= len(ids[i])``.
+
+        Raises
+        ------
+        InvalidSequence, SequenceReleased
+            For an id that names no live sequence.
+        ValueError, TypeError
+            For malformed input, duplicate ids or a length out of range. Nothing is changed
+            by any failed call.
+        CallbackError
+            If ``on_unmap`` raised after the call committed (a page pool's emptied pages).
+        """
+        ids = index_array(ids, "ids")
+        new_lens = index_array(new_lens, "new_lens")
+        if new_lens.shape != ids.shape:
+            raise ValueError(f"new_lens has {new_lens.shape[0]} entries for {ids.shape[0]} ids")
+        self._run(_kernel(self, "k_truncate"), (ids, new_lens), ids=ids, new_lens=new_lens)
+
+    def evict(self, block_ids) -> int:
+        """Evict the given cached blocks, exactly as the LRU eviction does.
+
+        Each cached block (refcount 0, registered, on the LRU list) loses its prefix-cache
+        entry, is reported to ``on_evict``, scrubbed and freed (with a page pool, back to its
+        page, which is unmapped once it holds nothing). Free (and reserved) blocks are
+        skipped.
+
+        Parameters
+        ----------
+        block_ids : 1-D integer array-like
+            Block ids, evicted in this order (a repeated id is free by its second time).
+
+        Returns
+        -------
+        int
+            Blocks evicted.
+
+        Raises
+        ------
+        ValueError, TypeError
+            For an id outside the pool, a block a sequence references, or malformed input;
+            nothing is changed then.
+        CallbackError
+            If a callback raised after the call committed; ``.result`` is the count.
+        """
+        blocks = index_array(block_ids, "block_ids")
+        return self._run(
+            _kernel(self, "k_evict"),
+            (blocks,),
+            grow=lambda result: self._grow_records(result[NEEDED]),
+            build=_first,
+            blocks=blocks,
+        )
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix: nothing computed before the reset is hit afterwards.
+
+        Evicts every cached block (least recently used first, as :meth:`evict`) and
+        unregisters the blocks that live sequences hold: they keep their tokens but lose
+        their hashes and count as of unknown content, so neither they nor the blocks these
+        sequences fill later are ever reused by :meth:`admit`.
+
+        Returns
+        -------
+        int
+            Blocks evicted.
+
+        Raises
+        ------
+        CallbackError
+            If a callback raised after the call committed; ``.result`` is the count.
+        """
+        return self._run(
+            _kernel(self, "k_reset_prefix_cache"),
+            (),
+            grow=lambda result: self._grow_records(result[NEEDED]),
+            build=_first,
+        )
+
     def block_tables(self, ids) -> np.ndarray:
         """Block tables of ``ids`` as int32 ``(len(ids), width)``, padded with -1."""
         ids = index_array(ids, "ids")
@@ -566,7 +697,7 @@ class BlockManager(PagedCalls):
         return Stats(
             used=used,
             cached=cached,
-            free=self._num_blocks - used - cached,
+            free=self._num_blocks - self._reserved - used - cached,
             allocations=int(meta[M_ALLOCATIONS]),
             evictions=int(meta[M_EVICTIONS]),
             cow_copies=int(meta[M_COW_COPIES]),
@@ -587,8 +718,8 @@ class BlockManager(PagedCalls):
     def _run(
         self, kernel, args, *, atomic=True, grow=None, build=None, first=None, ids=None, **context
     ):
-        """Run one state-changing entry kernel: the one path of ``append``, ``admit`` and
-        ``release``.
+        """Run one state-changing entry kernel: the one path of ``append``, ``admit``,
+        ``release``, ``truncate``, ``evict`` and ``reset_prefix_cache``.
 
         Grows the record buffers and retries while the kernel asks for them (``grow(result)``;
         growing replaces the scratch arena, so the arenas are read anew for each try); with a
@@ -658,6 +789,8 @@ class BlockManager(PagedCalls):
         requested=0,
         needed=0,
         available=0,
+        new_lens=None,
+        blocks=None,
     ):
         """Raise the typed exception of a kernel status (the kernel changed nothing)."""
         if status == E.ST_POOL_EXHAUSTED:
@@ -674,6 +807,25 @@ class BlockManager(PagedCalls):
         if status == E.ST_BAD_LENGTH:
             raise ValueError(
                 f"lengths[{bad}] = {int(lengths[bad])}: every prompt needs at least one token"
+            )
+        if status == E.ST_BAD_NEW_LEN:
+            if new_lens[bad] < 0:
+                raise ValueError(f"new_lens[{bad}] = {int(new_lens[bad])} is negative")
+            length = int(self.seq_lens(ids[bad : bad + 1])[0])
+            raise ValueError(
+                f"new_lens[{bad}] = {int(new_lens[bad])} exceeds the {length} tokens of "
+                f"sequence {int(ids[bad])}; truncate never grows a sequence"
+            )
+        if status == E.ST_BAD_BLOCK:
+            raise ValueError(
+                f"block_ids[{bad}] = {int(blocks[bad])} is outside the pool of "
+                f"{self._num_blocks} blocks"
+            )
+        if status == E.ST_BLOCK_IN_USE:
+            b = int(blocks[bad])
+            raise ValueError(
+                f"block {b} (block_ids[{bad}]) is referenced by a sequence (refcount "
+                f"{int(self._s.ref[b])}); only cached blocks can be evicted"
             )
         if status == E.ST_BAD_TOKEN:
             raise ValueError(f"tokens[{bad}] is negative; token ids must be >= 0")
@@ -705,6 +857,11 @@ class BlockManager(PagedCalls):
                 requested or (0 if lengths is None else lengths.shape[0]), free, self._max_seqs
             )
         raise RuntimeError(f"unexpected kernel status {status}")  # pragma: no cover
+
+
+def _first(fields) -> int:
+    """The count of ``evict`` / ``reset_prefix_cache`` from the kernel's result fields."""
+    return int(fields[0])
 
 
 def _flag(value) -> bool:

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from kvnumba._kernels.blocks import hand_out, register_full_block, take_block
+from kvnumba._kernels.blocks import drop_ref, hand_out, register_full_block, take_block
 from kvnumba._kernels.geometry import blocks_of, div_block, mod_block
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.prefix import table_purge_evicted
@@ -19,6 +19,7 @@ from kvnumba._state import (
     M_FREE_TOP,
     M_MAX_SEQ_LEN,
     M_USED,
+    NIL,
     S_EV_N,
     S_EV_PAYLOAD,
     S_FAILED,
@@ -69,7 +70,12 @@ def copy_on_write(v, slot, pos):
         set_logged(v, v.block_flags, FIELD.block_flags, copy, 0)
     log_write(v, FIELD.seq_table, slot * v.seq_table.shape[1] + pos, tail)
     v.seq_table[slot, pos] = copy
-    set_logged(v, v.ref, FIELD.ref, tail, v.ref[tail] - 1)
+    if v.seq_pin[slot] == tail:
+        # A truncation pinned this shared tail (``truncate``): the copy ends the pin's extra
+        # reference too, so the old block may lose its last reference below.
+        set_logged(v, v.seq_pin, FIELD.seq_pin, slot, NIL)
+        set_logged(v, v.ref, FIELD.ref, tail, v.ref[tail] - 1)
+    drop_ref(v, tail)
     v.meta[M_COW_COPIES] += 1
     return copy
 
@@ -269,11 +275,12 @@ def total_need(v, slots, counts, dropped):
         if counts[i] > 0 and mod_block(length, block_size) != 0:
             tail = seq_table[slot, div_block(length, block_size)]
             if ref[tail] > 1:
-                ref[tail] -= 1
+                # A copy of a pinned tail drops the pin too (``truncate``).
+                ref[tail] -= 2 if v.seq_pin[slot] == tail else 1
                 dropped[i] = tail
     for i in range(slots.shape[0]):
         if dropped[i] >= 0:
-            ref[dropped[i]] += 1
+            ref[dropped[i]] += 2 if v.seq_pin[slots[i]] == dropped[i] else 1
     return needed
 
 

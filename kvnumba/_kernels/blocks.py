@@ -24,6 +24,7 @@ from kvnumba._kernels.undo import U_TOKROW, log_write, set_logged
 from kvnumba._kernels.views import VIEWS
 from kvnumba._kernels.virtual_pages import (
     cache_in_page,
+    evicted_to_page,
     free_in_page,
     page_gain_ref,
     take_from_pages,
@@ -65,6 +66,22 @@ def evict_block(v, b):
     table_mark_evicted(v, b, v.block_hash[b], record)
     v.tokens[b, :] = -1
     v.meta[M_EVICTIONS] += 1
+
+
+@out_of_line(void(VIEWS, int64))
+def evict_to_free(v, b):
+    """Evict cached block ``b`` on request (``evict``, ``reset_prefix_cache``): exactly as an
+    eviction for allocation (``on_evict`` record, table entry marked, payload scrubbed,
+    counted), then the block is free: on the free stack, or with a page pool back on its page,
+    which is unmapped once it holds nothing. Out of line: not on any hot path."""
+    evict_block(v, b)
+    v.block_flags[b] = 0
+    if v.meta[M_PAGE_K] != 0:
+        evicted_to_page(v, np.int64(b))
+    else:
+        top = v.meta[M_FREE_TOP]
+        v.free_stack[top] = b
+        v.meta[M_FREE_TOP] = top + 1
 
 
 @inlined

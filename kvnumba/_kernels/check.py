@@ -35,6 +35,7 @@ from kvnumba._state import (
     M_MAX_SEQ_LEN,
     M_PAGE_K,
     M_REGISTERED,
+    M_RESERVED,
     M_SLOT_TOP,
     M_USED,
     M_VTOP,
@@ -71,6 +72,8 @@ C_BUCKET = 26
 C_BUCKET_COUNT = 27
 C_CACHE_ONLY = 28
 C_CACHE_ONLY_COUNT = 29
+C_RESERVED = 30
+C_PIN = 31
 
 MESSAGES = {
     C_BAD_LENGTH: "sequence slot {a}: length {b} is negative or beyond max_seq_len",
@@ -105,6 +108,8 @@ MESSAGES = {
     C_CACHE_ONLY: "cache-only list: page {a} is unmapped, has referenced blocks, a broken link or an "
     "older stamp than its predecessor",
     C_CACHE_ONLY_COUNT: "cache-only list holds {a} pages but {b} mapped pages have no referenced block",
+    C_RESERVED: "reserved block {a} is referenced, flagged, listed or has a payload",
+    C_PIN: "sequence slot {a}: pin {b} is not the partial tail block of the sequence",
 }
 
 
@@ -246,6 +251,7 @@ def check_state(arena, scratch, pool, counts, seen, marks):
     block_hash, block_salt, block_flags = st.block_hash, st.block_salt, st.block_flags
     tokens, htab = st.tokens, st.htab
     seq_table, seq_len, seq_salt, seq_live = st.seq_table, st.seq_len, st.seq_salt, st.seq_live
+    seq_pin = st.seq_pin
     slot_stack, meta = st.slot_stack, st.meta
     num_blocks, block_size = tokens.shape
     max_seqs, width = seq_table.shape
@@ -255,7 +261,7 @@ def check_state(arena, scratch, pool, counts, seen, marks):
     for s in range(max_seqs):
         length = seq_len[s]
         if seq_live[s] == 0:
-            if length != 0:
+            if length != 0 or seq_pin[s] != NIL:
                 return C_FREE_SLOT_NOT_EMPTY, s, 0
             for pos in range(width):
                 if seq_table[s, pos] != NIL:
@@ -265,6 +271,12 @@ def check_state(arena, scratch, pool, counts, seen, marks):
         if length < 0 or length > meta[M_MAX_SEQ_LEN]:
             return C_BAD_LENGTH, s, length
         nblocks = blocks_of(length, block_size)
+        pin = seq_pin[s]
+        if pin != NIL:
+            # A truncation's extra reference on the shared block it cut into (the tail).
+            if length % block_size == 0 or pin != seq_table[s, nblocks - 1]:
+                return C_PIN, s, pin
+            counted[pin] += 1
         for pos in range(width):
             b = seq_table[s, pos]
             if pos < nblocks:
@@ -274,7 +286,9 @@ def check_state(arena, scratch, pool, counts, seen, marks):
             elif b != NIL:
                 return C_TABLE_PAST_END, s, pos
         fill = length % block_size
-        if fill != 0:
+        # A pinned tail is another holder's block too: its content past this sequence's end
+        # and its hash are theirs, and this sequence never writes into it.
+        if fill != 0 and pin == NIL:
             tail = seq_table[s, nblocks - 1]
             if block_flags[tail] & (F_HASHED | F_REGISTERED):
                 return C_PARTIAL_TAIL, s, tail
@@ -311,6 +325,18 @@ def check_state(arena, scratch, pool, counts, seen, marks):
     for b in range(num_blocks):
         if ref[b] > 0:
             seen[b] = 1
+    # Reserved blocks: never referenced (their refcounts were checked against the tables
+    # above), flagged or written, and on no list (marked seen, so a listing fails below).
+    reserved = meta[M_RESERVED]
+    if reserved < 0 or reserved >= num_blocks or (reserved > 0 and meta[M_PAGE_K] != 0):
+        return C_COUNTER, M_RESERVED, reserved
+    for b in range(reserved):
+        if seen[b] != 0 or block_flags[b] != 0:
+            return C_RESERVED, b, 0
+        for j in range(block_size):
+            if tokens[b, j] != -1:
+                return C_RESERVED, b, j
+        seen[b] = 1
     free_top = meta[M_FREE_TOP]
     if free_top < 0 or free_top > num_blocks:
         return C_COUNTER, M_FREE_TOP, free_top

@@ -4,7 +4,8 @@ An entry kernel allocates the call's result arrays (the only part that needs num
 and hands everything to workers compiled without it, which carve their views out of the arenas
 and run with every helper inlined: no reference counting anywhere on the hot path.
 
-The state-changing kernels (``append``, ``admit``, ``release``) return one outcome layout, named
+The state-changing kernels (``append``, ``admit``, ``release``, ``truncate``, ``evict``,
+``reset_prefix_cache``) return one outcome layout, named
 by the constants below and read by name in the facade's ``BlockManager._run``: ``status``,
 ``bad`` (index of the offending input), ``needed`` and ``available`` (blocks, for
 ``PoolExhausted``; record rows for ``ST_NEED_BUFFERS``), then the result fields. Variable-size
@@ -19,6 +20,7 @@ from kvnumba._kernels.admit import run_admit, validate_admit
 from kvnumba._kernels.append import append_need, run_append
 from kvnumba._kernels.carve import carve
 from kvnumba._kernels.check import check
+from kvnumba._kernels.engine import run_evict, run_reset_prefix_cache, run_truncate
 from kvnumba._kernels.sequences import (
     fill_lens,
     fill_tables,
@@ -185,6 +187,53 @@ def k_release(ids, arena, scratch):
 def k_release_paged(ids, arena, scratch, pool):
     """``release`` of a manager on a page pool."""
     return _release(ids, arena, scratch, pool)
+
+
+@njit(cache=True, inline="always")
+def _truncate(ids, new_lens, arena, scratch, pool):
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    status, bad = run_truncate(ids, new_lens, slots, arena, scratch, pool)
+    return status, bad, 0, 0, 0
+
+
+@njit(cache=True)
+def k_truncate(ids, new_lens, arena, scratch):
+    """``truncate``: returns (status, bad, 0, 0, 0)."""
+    return _truncate(ids, new_lens, arena, scratch, scratch)
+
+
+@njit(cache=True)
+def k_truncate_paged(ids, new_lens, arena, scratch, pool):
+    """``truncate`` of a manager on a page pool (a freed block may unmap its page)."""
+    return _truncate(ids, new_lens, arena, scratch, pool)
+
+
+@njit(cache=True)
+def k_evict(blocks, arena, scratch):
+    """``evict``: returns (status, bad, record rows needed, 0, blocks evicted)."""
+    status, bad, rows, count = run_evict(blocks, arena, scratch, scratch)
+    return status, bad, rows, 0, count
+
+
+@njit(cache=True)
+def k_evict_paged(blocks, arena, scratch, pool):
+    """``evict`` of a manager on a page pool (an emptied page is unmapped)."""
+    status, bad, rows, count = run_evict(blocks, arena, scratch, pool)
+    return status, bad, rows, 0, count
+
+
+@njit(cache=True)
+def k_reset_prefix_cache(arena, scratch):
+    """``reset_prefix_cache``: returns (status, -1, record rows needed, 0, blocks evicted)."""
+    status, rows, count = run_reset_prefix_cache(arena, scratch, scratch)
+    return status, -1, rows, 0, count
+
+
+@njit(cache=True)
+def k_reset_prefix_cache_paged(arena, scratch, pool):
+    """``reset_prefix_cache`` of a manager on a page pool."""
+    status, rows, count = run_reset_prefix_cache(arena, scratch, pool)
+    return status, -1, rows, 0, count
 
 
 @njit(cache=True)

@@ -8,9 +8,11 @@ rollback restores the table byte for byte.
 """
 
 import numpy as np
+from numba import int64, void
 
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.undo import set_logged
+from kvnumba._kernels.views import VIEWS
 from kvnumba._state import EMPTY, FIELD, M_REGISTERED, NIL, S_EV_N
 
 _ROOT = np.uint64(0x6A09E667F3BCC908)  # parent hash of a sequence's first block
@@ -133,16 +135,38 @@ def table_purge_evicted(v):
         i = _home(ev_hash[record], mask)
         while htab[i] != mark:
             i = (i + 1) & mask
-        # Pull later entries of the cluster back into the hole unless their home lies in the
-        # cyclic range (hole, position]: then moving them would make them unreachable.
-        j = i
-        while True:
-            j = (j + 1) & mask
-            e = htab[j]
-            if e == EMPTY:
-                break
-            k = _entry_home(e, block_hash, ev_hash, mask)
-            if (i <= j and (k <= i or k > j)) or (i > j and k <= i and k > j):
-                htab[i] = e
-                i = j
-        htab[i] = EMPTY
+        _delete_at(htab, block_hash, ev_hash, i, mask)
+
+
+@inlined
+def _delete_at(htab, block_hash, ev_hash, i, mask):
+    """Empty table slot ``i`` by backward-shift deletion (no tombstones)."""
+    # Pull later entries of the cluster back into the hole unless their home lies in the
+    # cyclic range (hole, position]: then moving them would make them unreachable.
+    j = i
+    while True:
+        j = (j + 1) & mask
+        e = htab[j]
+        if e == EMPTY:
+            break
+        k = _entry_home(e, block_hash, ev_hash, mask)
+        if (i <= j and (k <= i or k > j)) or (i > j and k <= i and k > j):
+            htab[i] = e
+            i = j
+    htab[i] = EMPTY
+
+
+@out_of_line(void(VIEWS, int64))
+def table_remove(v, b):
+    """Unregister block ``b`` at once: its entry is deleted, not marked.
+
+    Only for calls that are never rolled back (``truncate``, ``reset_prefix_cache``), which
+    validate everything before they write; rare, so out of line.
+    """
+    htab = v.htab
+    mask = htab.shape[0] - 1
+    i = _home(v.block_hash[b], mask)
+    while htab[i] != b:
+        i = (i + 1) & mask
+    _delete_at(htab, v.block_hash, v.ev_hash, i, mask)
+    v.meta[M_REGISTERED] -= 1

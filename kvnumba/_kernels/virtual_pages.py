@@ -180,6 +180,31 @@ def free_in_page(v, b):
 
 
 @out_of_line
+def evicted_to_page(v, b):
+    """Cached block ``b``, just evicted (scrubbed, unflagged), goes back to its page's free
+    list; ``evict`` and ``reset_prefix_cache`` only (an eviction for allocation hands the
+    block out instead). A cached block's page counts no reference for it, so ``page_used``
+    stays; a page left with neither referenced nor cached blocks is unmapped, and one that
+    still holds cached blocks stays cache-only with its stamp.
+    """
+    k = v.meta[M_PAGE_K]
+    page = b // k
+    c = np.int64(v.page_free[page])
+    if c + 1 == k:
+        # The page was cache-only (no referenced block) and this was its last cached block.
+        cache_only_unlink(v, page)
+        unmap_page(v, page)  # takes the page out of its bucket
+        return
+    if c > 0:
+        bucket_unlink(v, page, c)
+    set_logged(v, v.page_free, FIELD.page_free, page, c + 1)
+    set_logged(v, v.block_next, FIELD.block_next, b, v.page_head[page])
+    set_logged(v, v.page_head, FIELD.page_head, page, b)
+    v.meta[M_FREE_MAPPED] += 1
+    bucket_push(v, page, c + 1)
+
+
+@out_of_line
 def cache_in_page(v, b):
     """Block ``b`` went to the LRU list (cached): its page may become cache-only."""
     page = b // v.meta[M_PAGE_K]

@@ -31,6 +31,8 @@ _STATE = (
     "_table",
     "_len",
     "_salt",
+    "_pin",
+    "_unknown",
     "_slots",
     "_counters",
 )

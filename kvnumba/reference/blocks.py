@@ -30,6 +30,7 @@ class BlocksMixin:
         self._tokens[block] = [-1] * self._block_size
         self._key[block] = None
         self._hash[block] = None
+        self._unknown.discard(block)
 
     def _evict(self, block: int) -> None:
         """Forget cached ``block``: off the LRU list and the prefix table, recorded, counted."""
@@ -38,6 +39,22 @@ class BlocksMixin:
         self._evicted.append((block, self._hash[block], list(self._tokens[block])))
         self._counters["evictions"] += 1
         self._scrub(block)
+
+    def _evict_to_free(self, block: int) -> None:
+        """Evict cached ``block`` on request (``evict``, ``reset_prefix_cache``) and free it:
+        onto the free stack, or back onto its page, which is unmapped once it holds nothing."""
+        self._evict(block)
+        if self._pool is None:
+            self._free.append(block)
+            return
+        v = block // self._k
+        self._leave_bucket(v)
+        self._page_free[v].append(block)
+        if len(self._page_free[v]) == self._k:  # no referenced and no cached block left
+            self._cache_only.pop(v, None)
+            self._unmap_page(v)
+        else:
+            self._enter_bucket(v)  # still cache-only (same stamp) if it was
 
     def _take_block(self) -> int:
         """Hand out one block (refcount set to 1).

@@ -43,7 +43,9 @@ class CallsMixin:
         if n % bs:
             tail = self._table[slot][-1]
             if self._ref[tail] - pending_cow.get(tail, 0) > 1:
-                pending_cow[tail] = pending_cow.get(tail, 0) + 1
+                # A copy of a pinned tail (truncate) drops the pin's reference too.
+                drops = 2 if self._pin[slot] == tail else 1
+                pending_cow[tail] = pending_cow.get(tail, 0) + drops
                 need += 1
         return need
 
@@ -62,6 +64,11 @@ class CallsMixin:
             new = self._take_block()
             self._tokens[new][: n % bs] = self._tokens[old][: n % bs]
             table[-1] = new
+            if old in self._unknown:
+                self._unknown.add(new)
+            if self._pin[slot] == old:  # the copy ends a truncation's pin
+                self._pin[slot] = None
+                self._ref[old] -= 1
             self._drop_ref(old)
             self._counters["cow_copies"] += 1
             cow.append((old, new))
@@ -73,6 +80,8 @@ class CallsMixin:
             block = table[-1]
             if tokens is not None:
                 self._tokens[block][offset] = int(tokens[i])
+            else:
+                self._unknown.add(block)
             out.append(block * bs + offset)
             if offset == bs - 1:
                 self._register_if_full(slot, len(table) - 1)

@@ -29,11 +29,16 @@ class ChecksMixin:
         for slot in range(self._max_seqs):
             table, length = self._table[slot], self._len[slot]
             if not self._live[slot]:
-                if table or length:
+                if table or length or self._pin[slot] is not None:
                     fail(f"free slot {slot} holds blocks or tokens")
                 continue
             if len(table) != _blocks_for(length, bs) or length > self._max_seq_len:
                 fail(f"slot {slot}: {len(table)} blocks for {length} tokens")
+            pin = self._pin[slot]
+            if pin is not None:
+                if not length % bs or pin != table[-1]:
+                    fail(f"slot {slot}: pin {pin} is not its partial tail block")
+                refs[pin] += 1
             for j, block in enumerate(table):
                 if not 0 <= block < nb:
                     fail(f"slot {slot} references block {block} out of range")
@@ -44,9 +49,11 @@ class ChecksMixin:
                     fail(f"block {block} of slot {slot}: hash chain or salt mismatch")
                 full = (j + 1) * bs <= length
                 eligible = self._prefix_caching and full and prev is not None
-                if key is None and eligible and -1 not in self._tokens[block]:
+                if key is None and eligible and block not in self._unknown:
                     fail(f"block {block} of slot {slot}: full known block without a hash")
-            if length % bs and any(t != -1 for t in self._tokens[table[-1]][length % bs :]):
+            # A pinned tail is shared: the payload past this sequence's end is the others'.
+            tail = self._tokens[table[-1]] if table else []
+            if length % bs and pin is None and any(t != -1 for t in tail[length % bs :]):
                 fail(f"slot {slot}: payload beyond the sequence end in block {table[-1]}")
         for block in range(nb):
             if refs[block] != self._ref[block]:
@@ -67,7 +74,12 @@ class ChecksMixin:
         for block in self._lru:
             if self._ref[block] or not self._is_registered(block):
                 fail(f"cached block {block} is referenced or not registered")
-        unused = sum(1 for r in self._ref if r == 0)
+        for block in range(self._reserved):
+            if self._ref[block] or block in free or block in self._lru:
+                fail(f"reserved block {block} is referenced, free or cached")
+            if self._key[block] is not None or any(t != -1 for t in self._tokens[block]):
+                fail(f"reserved block {block} is hashed or written")
+        unused = sum(1 for r in self._ref if r == 0) - self._reserved
         if unused != len(free) + len(self._lru):
             fail(f"{unused} unreferenced blocks, {len(free) + len(self._lru)} free/cached")
         if self._pool is not None:

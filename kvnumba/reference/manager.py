@@ -25,13 +25,16 @@ from kvnumba.reference._common import _COUNTERS, _as_int, _as_int_array
 from kvnumba.reference.blocks import BlocksMixin
 from kvnumba.reference.calls import CallsMixin
 from kvnumba.reference.checks import ChecksMixin
+from kvnumba.reference.engine import EngineMixin
 from kvnumba.reference.pages import PagesMixin
 from kvnumba.reference.pool import ReferencePagePool
 from kvnumba.reference.prefix import PrefixMixin
 from kvnumba.results import Stats
 
 
-class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, ChecksMixin):
+class ReferenceBlockManager(
+    EngineMixin, CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, ChecksMixin
+):
     """Pure-Python model of ``kvnumba.BlockManager`` (the test oracle and benchmark baseline).
 
     Parameters
@@ -58,6 +61,8 @@ class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, Ch
     id_tag : int, optional
         The tag in the top bits of the ids (``kvnumba._ids``): pass a ``BlockManager``'s
         ``id_tag`` to hand out the same ids as it does; a process-unique tag by default.
+    reserved_blocks : int, default 0
+        Blocks ``0 .. reserved_blocks - 1`` are never handed out; 0 with a page pool.
 
     Raises
     ------
@@ -85,6 +90,7 @@ class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, Ch
         page_pool: ReferencePagePool | None = None,
         blocks_per_page: int | None = None,
         id_tag: int | None = None,
+        reserved_blocks: int = 0,
     ):
         num_blocks = _as_int(num_blocks, "num_blocks")
         block_size = _as_int(block_size, "block_size")
@@ -110,6 +116,14 @@ class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, Ch
                 raise InvalidGeometry(
                     f"blocks_per_page={blocks_per_page} does not divide num_blocks={num_blocks}"
                 )
+        reserved_blocks = _as_int(reserved_blocks, "reserved_blocks")
+        if not 0 <= reserved_blocks < num_blocks:
+            raise InvalidGeometry(
+                f"reserved_blocks must be in [0, {num_blocks}), got {reserved_blocks}"
+            )
+        if reserved_blocks and page_pool is not None:
+            raise InvalidGeometry("reserved_blocks must be 0 with a page pool")
+        self._reserved = reserved_blocks
         self._num_blocks = num_blocks
         self._block_size = block_size
         self._max_seqs = max_seqs
@@ -123,7 +137,11 @@ class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, Ch
         self._hash: list[int | None] = [None] * num_blocks
         self._prefix: dict[tuple, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()
-        self._free = list(range(num_blocks - 1, -1, -1))  # pops 0, 1, 2, ...
+        # Pops reserved_blocks, reserved_blocks + 1, ...; reserved blocks are never listed.
+        self._free = list(range(num_blocks - 1, reserved_blocks - 1, -1))
+        # Blocks whose content counts as unknown (a token appended without an id, or
+        # reset_prefix_cache): never hashed when they fill (the kernels' cleared F_KNOWN).
+        self._unknown: set[int] = set()
 
         # Page state (see the package notes); without a pool it stays empty and unused.
         self._pool = page_pool
@@ -147,6 +165,8 @@ class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, Ch
         self._table: list[list[int]] = [[] for _ in range(max_seqs)]
         self._len = [0] * max_seqs
         self._salt = [0] * max_seqs
+        # The shared block a truncation cut into, held by one extra reference (or None).
+        self._pin: list[int | None] = [None] * max_seqs
         self._slots = list(range(max_seqs - 1, -1, -1))  # pops 0, 1, 2, ...
 
         self._counters = dict.fromkeys(_COUNTERS, 0)
@@ -168,6 +188,11 @@ class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, Ch
     def block_size(self) -> int:
         """Tokens per block."""
         return self._block_size
+
+    @property
+    def reserved_blocks(self) -> int:
+        """Blocks ``0 .. reserved_blocks - 1``, never handed out."""
+        return self._reserved
 
     @property
     def id_tag(self) -> int:
@@ -208,6 +233,7 @@ class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, Ch
         self._table[slot] = []  # a new list object (keeps admit snapshots valid)
         self._len[slot] = 0
         self._salt[slot] = salt
+        self._pin[slot] = None
         return slot
 
     def _seq_id(self, slot: int) -> int:
@@ -303,6 +329,10 @@ class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, Ch
                 self._len[child] = self._len[parent]
                 for block in self._table[parent]:
                     self._ref[block] += 1
+                # A child shares a pinned tail as its parent does, so it is pinned too.
+                self._pin[child] = self._pin[parent]
+                if self._pin[parent] is not None:
+                    self._ref[self._pin[parent]] += 1
                 children[i, c] = self._seq_id(child)
         return children
 
@@ -324,6 +354,9 @@ class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, Ch
         slots = self._resolve_all(ids, unique=True)
         self._begin_call()
         for slot in slots:
+            if self._pin[slot] is not None:  # a truncation's extra reference on the tail
+                self._drop_ref(self._pin[slot])
+                self._pin[slot] = None
             for block in reversed(self._table[slot]):
                 self._drop_ref(block)
             self._live[slot] = False
@@ -422,7 +455,7 @@ class ReferenceBlockManager(CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, Ch
         return Stats(
             used=used,
             cached=cached,
-            free=self._num_blocks - used - cached,
+            free=self._num_blocks - self._reserved - used - cached,
             mapped_pages=len(self._phys) - len(self._unmapped),
             failed_calls=self._failed_calls,
             **self._counters,

@@ -22,7 +22,7 @@ class PrefixMixin:
         table = self._table[slot]
         block = table[index]
         row = self._tokens[block]
-        if -1 in row:  # a token appended without an id: content unknown
+        if block in self._unknown:  # a token appended without an id, or reset_prefix_cache
             return
         prev = ROOT_HASH if index == 0 else self._hash[table[index - 1]]
         if prev is None:  # parent block without a hash

@@ -1,0 +1,177 @@
+"""Engine conveniences: ``truncate``, ``evict`` and ``reset_prefix_cache``.
+
+None of them runs on a hot path or is ever rolled back: each validates its whole input before
+it writes anything, so no undo log is needed (``docs/design.md``, "Shrinking and engine
+conveniences"). Every worker is compiled once, out of line, and loaded only when first used.
+"""
+
+from kvnumba._kernels.blocks import drop_ref, evict_to_free
+from kvnumba._kernels.geometry import blocks_of
+from kvnumba._kernels.jit import out_of_line
+from kvnumba._kernels.prefix import table_purge_evicted, table_remove
+from kvnumba._kernels.sequences import resolve_ids
+from kvnumba._kernels.views import views
+from kvnumba._state import (
+    F_KNOWN,
+    F_REGISTERED,
+    M_CACHED,
+    M_LRU_HEAD,
+    NIL,
+    S_EV_N,
+    S_EV_PAYLOAD,
+    S_FAILED,
+    S_MAP_N,
+    S_UNMAP_N,
+)
+from kvnumba.errors import (
+    ST_BAD_BLOCK,
+    ST_BAD_NEW_LEN,
+    ST_BLOCK_IN_USE,
+    ST_NEED_BUFFERS,
+    ST_OK,
+    ST_TOKEN_MISMATCH,
+)
+
+
+@out_of_line
+def _begin(v):
+    """Clear the per-call records (evictions, pages mapped and unmapped, partial failures)."""
+    v.scr[S_EV_N] = 0
+    v.scr[S_MAP_N] = 0
+    v.scr[S_UNMAP_N] = 0
+    v.scr[S_FAILED] = 0
+
+
+@out_of_line
+def run_truncate(ids, new_lens, slots, arena, scratch, pool):
+    """Shorten each sequence ``ids[i]`` to ``new_lens[i]`` tokens; returns (status, bad index).
+
+    Validation order: lengths of both arrays, negative lengths, then each id in input order
+    (unknown or released, duplicate), then lengths beyond the sequence's.
+    """
+    if new_lens.shape[0] != ids.shape[0]:
+        return ST_TOKEN_MISMATCH, -1
+    for i in range(new_lens.shape[0]):
+        if new_lens[i] < 0:
+            return ST_BAD_NEW_LEN, i
+    status, bad = resolve_ids(ids, True, slots, arena, scratch)
+    if status != ST_OK:
+        return status, bad
+    v = views(arena, scratch, pool)
+    seq_table, seq_len, seq_pin, ref = v.seq_table, v.seq_len, v.seq_pin, v.ref
+    for i in range(ids.shape[0]):
+        if new_lens[i] > seq_len[slots[i]]:
+            return ST_BAD_NEW_LEN, i
+    _begin(v)
+    block_size = v.tokens.shape[1]
+    for i in range(ids.shape[0]):
+        slot = slots[i]
+        length = seq_len[slot]
+        new = new_lens[i]
+        if new == length:
+            continue
+        pin = seq_pin[slot]
+        if pin != NIL:
+            # The old pin was on the old tail; the cut below decides afresh.
+            drop_ref(v, pin)
+            seq_pin[slot] = NIL
+        keep = blocks_of(new, block_size)
+        for pos in range(blocks_of(length, block_size) - 1, keep - 1, -1):
+            drop_ref(v, seq_table[slot, pos])
+            seq_table[slot, pos] = NIL
+        seq_len[slot] = new
+        fill = new - (keep - 1) * block_size
+        if fill == block_size or keep == 0:
+            continue  # cut at a block boundary: no block holds tokens past the new end
+        cut = seq_table[slot, keep - 1]
+        if ref[cut] == 1:
+            # Held by this sequence alone: its slots past the end are scrubbed and it is
+            # unhashed (a later append writes into it in place). Its known-content flag stays
+            # as it was: a block once marked unknown is never hashed again.
+            for j in range(fill, block_size):
+                v.tokens[cut, j] = -1
+            flags = v.block_flags[cut]
+            if flags & F_REGISTERED:
+                table_remove(v, cut)
+            v.block_flags[cut] = flags & F_KNOWN
+        else:
+            # Shared: the other holders keep its content (and its prefix-cache entry). An
+            # extra reference, the pin, keeps it shared for this sequence, so its next append
+            # copies it (copy-on-write) even after every other holder let go of it.
+            seq_pin[slot] = cut
+            ref[cut] += 1
+    return ST_OK, -1
+
+
+@out_of_line
+def run_evict(blocks, arena, scratch, pool):
+    """Evict the cached blocks among ``blocks``; returns (status, bad index, rows, count).
+
+    A block out of range or referenced is refused (nothing changed); a free one is skipped.
+    ``rows`` is the eviction records the call needs when it returns ``ST_NEED_BUFFERS``.
+    """
+    v = views(arena, scratch, pool)
+    ref, block_flags = v.ref, v.block_flags
+    num_blocks = ref.shape[0]
+    for i in range(blocks.shape[0]):
+        b = blocks[i]
+        if b < 0 or b >= num_blocks:
+            return ST_BAD_BLOCK, i, 0, 0
+        if ref[b] > 0:
+            return ST_BLOCK_IN_USE, i, 0, 0
+    rows = min(blocks.shape[0], v.meta[M_CACHED])
+    if _records_short(v, rows):
+        return ST_NEED_BUFFERS, -1, rows, 0
+    _begin(v)
+    count = 0
+    for i in range(blocks.shape[0]):
+        b = blocks[i]
+        # Cached = unreferenced and registered (then it is on the LRU list). A block given
+        # twice is free by its second occurrence.
+        if ref[b] == 0 and block_flags[b] & F_REGISTERED:
+            evict_to_free(v, b)
+            count += 1
+    if v.scr[S_EV_N] > 0:
+        table_purge_evicted(v)
+    return ST_OK, -1, 0, count
+
+
+@out_of_line
+def run_reset_prefix_cache(arena, scratch, pool):
+    """Evict every cached block (LRU head first), then unhash every block of every live
+    sequence and mark it of unknown content; returns (status, rows, count)."""
+    v = views(arena, scratch, pool)
+    meta, block_flags, seq_table = v.meta, v.block_flags, v.seq_table
+    rows = meta[M_CACHED]
+    if _records_short(v, rows):
+        return ST_NEED_BUFFERS, rows, 0
+    _begin(v)
+    count = 0
+    while meta[M_LRU_HEAD] != NIL:
+        evict_to_free(v, meta[M_LRU_HEAD])
+        count += 1
+    if v.scr[S_EV_N] > 0:
+        table_purge_evicted(v)  # before table_remove: no eviction marks left in the table
+    # Every referenced block is in a live sequence's table. Clearing the known-content flag
+    # too keeps whatever these sequences fill later out of the cache: its KV was computed
+    # from context that predates the reset. Walking the tables costs O(max_seqs + blocks
+    # held), not a scan of the pool.
+    block_size = v.tokens.shape[1]
+    for s in range(seq_table.shape[0]):
+        if v.seq_live[s] == 0:
+            continue
+        for pos in range(blocks_of(v.seq_len[s], block_size)):
+            b = seq_table[s, pos]
+            if block_flags[b] & F_REGISTERED:
+                table_remove(v, b)
+            block_flags[b] = 0
+    return ST_OK, 0, count
+
+
+@out_of_line
+def _records_short(v, rows):
+    """Whether the eviction records (and payload rows, with ``on_evict``) hold fewer than
+    ``rows`` evictions."""
+    if rows > v.ev_ids.shape[0]:
+        return True
+    return v.scr[S_EV_PAYLOAD] != 0 and rows > v.ev_tok.shape[0]

@@ -1,0 +1,127 @@
+"""The model's engine conveniences: ``truncate``, ``evict`` and ``reset_prefix_cache``.
+
+Each validates its whole input before it changes anything, so none needs a snapshot; the
+policy is the one of ``docs/design.md``, "Shrinking and engine conveniences".
+"""
+
+from __future__ import annotations
+
+from kvnumba.reference._common import _as_int_array, _blocks_for
+
+
+class EngineMixin:
+    """``truncate``, ``evict`` and ``reset_prefix_cache`` of :class:`ReferenceBlockManager`
+    (through the block, prefix and page helpers of the other mixins; ``_pin``, ``_unknown``)."""
+
+    def truncate(self, ids, new_lens) -> None:
+        """Shorten each sequence ``ids[i]`` to its first ``new_lens[i]`` tokens.
+
+        Whole blocks past the new end drop one reference each, tail first (as
+        :meth:`release`). A block the new end cuts into stays: held by this sequence alone
+        it is scrubbed past the end and unhashed; shared, it is pinned (one extra
+        reference), so that this sequence's next append copies it.
+
+        Parameters
+        ----------
+        ids : array-like of int, shape (m,)
+            Live sequence ids, no duplicates.
+        new_lens : array-like of int, shape (m,)
+            ``0 <= new_lens[i] <= len(ids[i])``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad input, duplicate ids, a length out of range.
+        InvalidSequence, SequenceReleased
+        """
+        ids = _as_int_array(ids, "ids")
+        new_lens = _as_int_array(new_lens, "new_lens")
+        if len(new_lens) != len(ids):
+            raise ValueError(f"new_lens has {len(new_lens)} entries for {len(ids)} ids")
+        if (new_lens < 0).any():
+            raise ValueError("new_lens must be >= 0")
+        slots = self._resolve_all(ids, unique=True)
+        new_lens = new_lens.tolist()
+        for slot, new in zip(slots, new_lens, strict=True):
+            if new > self._len[slot]:
+                raise ValueError(f"new length {new} exceeds the {self._len[slot]} tokens held")
+        bs = self._block_size
+        self._begin_call()
+        for slot, new in zip(slots, new_lens, strict=True):
+            if new == self._len[slot]:
+                continue
+            if self._pin[slot] is not None:
+                self._drop_ref(self._pin[slot])
+                self._pin[slot] = None
+            keep = _blocks_for(new, bs)
+            table = self._table[slot]
+            while len(table) > keep:
+                self._drop_ref(table.pop())
+            self._len[slot] = new
+            fill = new - (keep - 1) * bs
+            if keep == 0 or fill == bs:
+                continue
+            cut = table[-1]
+            if self._ref[cut] == 1:
+                self._tokens[cut] = self._tokens[cut][:fill] + [-1] * (bs - fill)
+                self._unhash(cut)
+            else:
+                self._pin[slot] = cut
+                self._ref[cut] += 1
+        self._commit_call()
+
+    def _unhash(self, block: int) -> None:
+        """Forget ``block``'s key (and its registration, if it is the registered one)."""
+        if self._is_registered(block):
+            del self._prefix[self._key[block]]
+        self._key[block] = None
+        self._hash[block] = None
+
+    def evict(self, block_ids) -> int:
+        """Evict the cached blocks among ``block_ids``, in order; free ones are skipped.
+
+        Returns
+        -------
+        int
+            Blocks evicted.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad input, a block out of range or referenced (nothing changed).
+        """
+        blocks = _as_int_array(block_ids, "block_ids").tolist()
+        for i, block in enumerate(blocks):
+            if not 0 <= block < self._num_blocks:
+                raise ValueError(f"block_ids[{i}] = {block} is outside the pool")
+            if self._ref[block]:
+                raise ValueError(f"block {block} is referenced; only cached blocks can be evicted")
+        self._begin_call()
+        count = 0
+        for block in blocks:
+            if block in self._lru:
+                self._evict_to_free(block)
+                count += 1
+        self._commit_call()
+        return count
+
+    def reset_prefix_cache(self) -> int:
+        """Evict every cached block (LRU head first); unhash the blocks of live sequences
+        and mark them of unknown content.
+
+        Returns
+        -------
+        int
+            Blocks evicted.
+        """
+        self._begin_call()
+        evicted = list(self._lru)
+        for block in evicted:
+            self._evict_to_free(block)
+        for slot in range(self._max_seqs):
+            if self._live[slot]:
+                for block in self._table[slot]:
+                    self._unhash(block)
+                    self._unknown.add(block)
+        self._commit_call()
+        return len(evicted)
