@@ -52,11 +52,17 @@ class KernelsVersusReference(RuleBasedStateMachine):
         block_size=st.sampled_from([1, 2, 3, 4]),
         max_seqs=st.integers(3, 10),
         prefix_caching=st.booleans(),
+        reserved_blocks=st.sampled_from([0, 0, 1, 2]),
     )
-    def setup(self, num_blocks, block_size, max_seqs, prefix_caching):
+    def setup(self, num_blocks, block_size, max_seqs, prefix_caching, reserved_blocks):
         max_seq_len = 6 * block_size + 2
         self.evicted_kv, self.evicted_ref = Evictions(), Evictions()
-        geometry = dict(max_seqs=max_seqs, max_seq_len=max_seq_len, prefix_caching=prefix_caching)
+        geometry = dict(
+            max_seqs=max_seqs,
+            max_seq_len=max_seq_len,
+            prefix_caching=prefix_caching,
+            reserved_blocks=reserved_blocks,
+        )
         self.kv = kvnumba.BlockManager(num_blocks, block_size, on_evict=self.evicted_kv, **geometry)
         # The same id tag: both sides hand out the same ids.
         self.ref = ReferenceBlockManager(
@@ -73,7 +79,7 @@ class KernelsVersusReference(RuleBasedStateMachine):
         for mgr in (self.kv, self.ref):
             try:
                 outcome.append(("ok", getattr(mgr, call)(*args, **kwargs)))
-            except kvnumba.KVNumbaError as exc:
+            except (kvnumba.KVNumbaError, ValueError) as exc:  # bad input: ValueError
                 outcome.append(("error", exc))
         (kv_kind, kv_value), (ref_kind, ref_value) = outcome
         assert kv_kind == ref_kind, f"{call}: kernels {kv_value!r} vs reference {ref_value!r}"
@@ -177,6 +183,84 @@ class KernelsVersusReference(RuleBasedStateMachine):
                 self.dead.append(i)
 
     @rule(data=st.data())
+    def truncate(self, data):
+        """Shorten sequences to random lengths (now and then one too long, or a dead id)."""
+        ids = self.pick(data, allow_dead=data.draw(st.booleans()))
+        live = [i for i in ids if i in self.live]
+        lens = dict(zip(live, self.ref.seq_lens(live).tolist(), strict=True)) if live else {}
+        new_lens = [data.draw(st.integers(0, lens.get(i, 3))) for i in ids]
+        if ids and data.draw(st.integers(0, 7)) == 0:  # now and then a length out of range
+            j = data.draw(st.integers(0, len(ids) - 1))
+            new_lens[j] = data.draw(st.sampled_from([-1, lens.get(ids[j], 3) + 1]))
+        before = {i: self.ref.seq_tokens(i) for i in live}
+        self.both("truncate", ids, new_lens)
+        if all(0 <= n <= lens.get(i, -1) for i, n in zip(ids, new_lens, strict=True)):
+            for i, n in zip(ids, new_lens, strict=True):
+                # The sequence keeps exactly its first n tokens, on both sides.
+                assert np.array_equal(kvnumba.Sequence(self.kv, i).tokens, before[i][:n])
+            if any(n < lens[i] for i, n in zip(ids, new_lens, strict=True)):
+                event("truncate shortened a sequence")
+            if self.kv.state.seq_pin.max() >= 0:
+                event("truncate pinned a shared block")
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), release_first=st.booleans())
+    def truncate_shared(self, data, release_first):
+        """Fork, cut one of the family into a block it shares, maybe release the other, then
+        grow the cut one: the shared block must be copied, never written in place."""
+        parent = data.draw(st.sampled_from(self.live))
+        kv, _ = self.both("fork", [parent], 1)
+        if kv is None:
+            return
+        child = int(kv[0, 0])
+        self.live.append(child)
+        cut, other = data.draw(st.permutations([parent, child]))
+        length = int(self.ref.seq_lens([cut])[0])
+        self.both("truncate", [cut], [data.draw(st.integers(0, length))])
+        if release_first:
+            self.both("release", [other])
+            self.live.remove(other)
+            self.dead.append(other)
+        count = data.draw(st.integers(1, 3))
+        tokens = data.draw(st.lists(TOKENS, min_size=count, max_size=count))
+        kv, ref = self.both("append", [cut], [count], tokens)
+        if kv is not None:
+            for field in kv._fields:
+                assert np.array_equal(getattr(kv, field), getattr(ref, field)), field
+            if kv.cow_src.size:
+                event("truncate_shared: the next append copied the cut block")
+
+    @rule(data=st.data())
+    def evict(self, data):
+        """Evict given blocks: cached ones go, free ones are skipped, referenced ones refused."""
+        nb = self.kv.num_blocks
+        cached = set(lru_order(self.kv))
+        # Mostly cached and free (or reserved) blocks; now and then any id, in range or not.
+        unreferenced = [b for b in range(nb) if self.kv.ref_count(b) == 0]
+        anything = st.integers(-1, nb)
+        ids = st.sampled_from(unreferenced) if unreferenced else anything
+        blocks = data.draw(st.lists(ids, max_size=4))
+        if data.draw(st.integers(0, 7)) == 0:
+            blocks.append(data.draw(anything))
+        kv, ref = self.both("evict", blocks)
+        if kv is not None:
+            assert kv == ref == len(cached & set(blocks))
+            assert not cached & set(blocks) & set(lru_order(self.kv))
+            if kv:
+                event("evict evicted blocks")
+
+    @rule()
+    def reset_prefix_cache(self):
+        cached = len(lru_order(self.kv))
+        kv, ref = self.both("reset_prefix_cache")
+        assert kv == ref == cached
+        if kv:
+            event("reset_prefix_cache evicted blocks")
+        # Nothing is registered any more: the prefix table is empty.
+        assert (self.kv.state.htab == -1).all()
+        assert not (self.kv.state.block_flags & 6).any()  # F_HASHED | F_REGISTERED
+
+    @rule(data=st.data())
     def can_append(self, data):
         ids = self.pick(data)
         counts = data.draw(st.lists(st.integers(0, 8), min_size=len(ids), max_size=len(ids)))
@@ -192,7 +276,9 @@ class KernelsVersusReference(RuleBasedStateMachine):
         self.ref.check()
         assert self.kv.stats() == self.ref.stats()
         stats = self.kv.stats()
-        assert stats.used + stats.cached + stats.free == self.kv.num_blocks
+        assert (
+            stats.used + stats.cached + stats.free == self.kv.num_blocks - self.kv.reserved_blocks
+        )
         state = self.kv.state
         assert state.free_stack[: state.meta[M_FREE_TOP]].tolist() == self.ref.free_blocks()
         assert lru_order(self.kv) == self.ref.lru_blocks()
@@ -208,6 +294,9 @@ class KernelsVersusReference(RuleBasedStateMachine):
             for seq_id in self.live:
                 seq = kvnumba.Sequence(self.kv, seq_id)
                 assert np.array_equal(seq.tokens, self.ref.seq_tokens(seq_id))
+        # plus the extra reference of every truncation's pin
+        pins = state.seq_pin[state.seq_live != 0]
+        np.add.at(recomputed, pins[pins >= 0], 1)
         assert np.array_equal(recomputed, state.ref)
         assert self.evicted_kv.calls == self.evicted_ref.calls
         if self.evicted_kv.calls:

@@ -127,7 +127,7 @@ class PagesVersusReference(RuleBasedStateMachine):
         for mgr in (self.kv[who], self.ref[who]):
             try:
                 outcome.append(("ok", getattr(mgr, call)(*args, **kwargs)))
-            except kvnumba.KVNumbaError as exc:
+            except (kvnumba.KVNumbaError, ValueError) as exc:  # bad input: ValueError
                 outcome.append(("error", exc))
         (kv_kind, kv_value), (ref_kind, ref_value) = outcome
         assert kv_kind == ref_kind, f"{call}: kernels {kv_value!r} vs reference {ref_value!r}"
@@ -218,6 +218,57 @@ class PagesVersusReference(RuleBasedStateMachine):
         """Release every sequence of one manager: its cached pages become cache-only."""
         self.both(who, "release", self.live[who])
         self.live[who] = []
+
+    @rule(who=WHO, data=st.data())
+    def truncate(self, who, data):
+        """Shorten sequences: freed blocks go back to their pages, which may unmap."""
+        ids = self.pick(data, who)
+        lens = self.ref[who].seq_lens(ids).tolist()
+        new_lens = [data.draw(st.integers(0, n)) for n in lens]
+        self.both(who, "truncate", ids, new_lens)
+        if new_lens != lens:
+            event("truncate shortened a sequence")
+
+    @rule(who=WHO, data=st.data())
+    def fork_truncate_append(self, who, data):
+        """Cut into a block shared with a fork, release the sharer, grow: the cut block is
+        copied, and the old one may become cached or free (its page cache-only or unmapped)."""
+        if not self.live[who]:
+            return
+        parent = data.draw(st.sampled_from(self.live[who]))
+        kv, _ = self.both(who, "fork", [parent], 1)
+        if kv is None:
+            return
+        child = int(kv[0, 0])
+        length = int(self.ref[who].seq_lens([child])[0])
+        self.both(who, "truncate", [child], [data.draw(st.integers(0, length))])
+        self.both(who, "release", [parent])
+        self.live[who].remove(parent)
+        self.live[who].append(child)
+        count = data.draw(st.integers(1, 3))
+        tokens = data.draw(st.lists(TOKENS, min_size=count, max_size=count))
+        kv, ref = self.both(who, "append", [child], [count], tokens)
+        if kv is not None:
+            for field in kv._fields:
+                assert np.array_equal(getattr(kv, field), getattr(ref, field)), field
+
+    @rule(who=WHO, data=st.data())
+    def evict(self, who, data):
+        """Evict given blocks: a page left without cached or referenced blocks is unmapped."""
+        nb = self.kv[who].num_blocks
+        blocks = data.draw(st.lists(st.integers(0, nb - 1), max_size=4))
+        kv, ref = self.both(who, "evict", blocks)
+        assert kv == ref
+        if kv:
+            event("evict evicted blocks")
+
+    @rule(who=WHO)
+    def reset_prefix_cache(self, who):
+        kv, ref = self.both(who, "reset_prefix_cache")
+        assert kv == ref
+        assert self.kv[who].stats().cached == 0
+        if kv:
+            event("reset_prefix_cache evicted blocks")
 
     @rule(who=WHO)
     def trim(self, who):
