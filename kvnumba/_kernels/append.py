@@ -1,6 +1,7 @@
 """Growing sequences: partial-tail filling, copy-on-write of a shared partial tail, new blocks."""
 
 import numpy as np
+from numba import int32, int64, void
 
 from kvnumba._kernels.blocks import drop_ref, hand_out, register_full_block, take_block
 from kvnumba._kernels.geometry import blocks_of, div_block, mod_block
@@ -8,7 +9,7 @@ from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import log_write, set_logged
-from kvnumba._kernels.views import views
+from kvnumba._kernels.views import VIEWS, views
 from kvnumba._kernels.virtual_pages import free_now
 from kvnumba._state import (
     F_KNOWN,
@@ -71,13 +72,21 @@ def copy_on_write(v, slot, pos):
     log_write(v, FIELD.seq_table, slot * v.seq_table.shape[1] + pos, tail)
     v.seq_table[slot, pos] = copy
     if v.seq_pin[slot] == tail:
-        # A truncation pinned this shared tail (``truncate``): the copy ends the pin's extra
-        # reference too, so the old block may lose its last reference below.
-        set_logged(v, v.seq_pin, FIELD.seq_pin, slot, NIL)
+        _unpin_copied_tail(v, slot, tail)
+    else:
         set_logged(v, v.ref, FIELD.ref, tail, v.ref[tail] - 1)
-    drop_ref(v, tail)
     v.meta[M_COW_COPIES] += 1
     return copy
+
+
+@out_of_line(void(VIEWS, int64, int32))
+def _unpin_copied_tail(v, slot, tail):
+    """The copy of a tail a truncation pinned (``truncate``) ends the pin's extra reference
+    too, so the old block may lose its last reference. Rare, so out of line: the common copy
+    only decrements a count that stays >= 1."""
+    set_logged(v, v.seq_pin, FIELD.seq_pin, slot, NIL)
+    set_logged(v, v.ref, FIELD.ref, tail, v.ref[tail] - 1)
+    drop_ref(v, tail)
 
 
 @inlined

@@ -68,7 +68,7 @@ def evict_block(v, b):
     v.meta[M_EVICTIONS] += 1
 
 
-@out_of_line(void(VIEWS, int64))
+@out_of_line
 def evict_to_free(v, b):
     """Evict cached block ``b`` on request (``evict``, ``reset_prefix_cache``): exactly as an
     eviction for allocation (``on_evict`` record, table entry marked, payload scrubbed,

@@ -8,11 +8,9 @@ rollback restores the table byte for byte.
 """
 
 import numpy as np
-from numba import int64, void
 
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.undo import set_logged
-from kvnumba._kernels.views import VIEWS
 from kvnumba._state import EMPTY, FIELD, M_REGISTERED, NIL, S_EV_N
 
 _ROOT = np.uint64(0x6A09E667F3BCC908)  # parent hash of a sequence's first block
@@ -156,7 +154,7 @@ def _delete_at(htab, block_hash, ev_hash, i, mask):
     htab[i] = EMPTY
 
 
-@out_of_line(void(VIEWS, int64))
+@out_of_line
 def table_remove(v, b):
     """Unregister block ``b`` at once: its entry is deleted, not marked.
 
