@@ -25,6 +25,7 @@ from kvnumba._kernels.keys import run_set_keys
 from kvnumba._kernels.sequences import (
     fill_lens,
     fill_tables,
+    length_and_block_size,
     resolve_ids,
     run_fork,
     run_new_sequences,
@@ -373,3 +374,60 @@ def k_check(arena, scratch):
 def k_check_paged(arena, scratch, pool):
     """``check`` of a manager on a page pool (its pages against the pool's owner records)."""
     return check(arena, scratch, pool)
+
+
+# --- one request at a time (engines that call the manager once per request) -------------------
+# Scalars in, scalars out: each array argument or result costs about 150 ns at the boundary,
+# so these take only the two arenas (and the keys) and build their one-element inputs inside.
+# The workers are append's and admit's own, compiled for the same types.
+
+
+@njit(cache=True)
+def k_append_one(seq_id, count, arena, scratch):
+    """One sequence grows by ``count`` tokens without ids: returns (status, bad, needed,
+    available, blocks before, blocks after, cow_src, cow_dst), -1 for no copy."""
+    ids = np.full(1, seq_id, dtype=np.int64)
+    counts = np.full(1, count, dtype=np.int64)
+    slots = scratch_slots(scratch)[:1]
+    slot_mapping, cow_src, cow_dst, ok = _append_results(1, min(max(count, 0), 1 << 31))
+    status, bad, needed, available, num_cow = run_append(
+        ids, counts, np.empty(0, dtype=np.int64), np.bool_(False), np.bool_(True), slots,
+        slot_mapping, cow_src, cow_dst, ok, arena, scratch, scratch,
+    )  # fmt: skip
+    if status != ST_OK:
+        return status, bad, needed, available, 0, 0, -1, -1
+    length, block_size = length_and_block_size(slots[0], arena, scratch)
+    after = (length + block_size - 1) // block_size
+    before = (length - count + block_size - 1) // block_size
+    if num_cow > 0:
+        return status, bad, needed, available, before, after, cow_src[0], cow_dst[0]
+    return status, bad, needed, available, before, after, -1, -1
+
+
+@njit(cache=True, inline="always")
+def _admit_one(tokens_in, length, salt, has_tokens, key_rows, cap, arena, scratch):
+    lengths = np.full(1, length, dtype=np.int64)
+    salts = np.full(1, salt, dtype=np.int64)
+    caps = np.full(1, cap, dtype=np.int64)
+    status, bad, needed, available, ids, cached, _, _ = _admit(
+        tokens_in, lengths, salts, np.bool_(True), arena, scratch, scratch, has_tokens, key_rows,
+        caps,
+    )  # fmt: skip
+    return status, bad, needed, available, ids[0], cached[0]
+
+
+@njit(cache=True)
+def k_admit_one(tokens_in, salt, cap, arena, scratch):
+    """One prompt with token ids: returns (status, bad, needed, available, id, cached
+    tokens)."""
+    return _admit_one(
+        tokens_in, tokens_in.shape[0], salt, np.bool_(True), None, cap, arena, scratch
+    )
+
+
+@njit(cache=True)
+def k_admit_one_keys(tokens_in, length, salt, has_tokens, keys, cap, arena, scratch):
+    """One prompt with engine keys (all of ``keys`` belong to it): returns (status, bad,
+    needed, available, id, cached tokens)."""
+    key_counts = np.full(1, keys.shape[0], dtype=np.int64)
+    return _admit_one(tokens_in, length, salt, has_tokens, (keys, key_counts), cap, arena, scratch)

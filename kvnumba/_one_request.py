@@ -1,0 +1,176 @@
+"""The facade's one-request calls: ``append_one`` and ``admit_one``, for engines whose
+scheduler calls the manager once per request and step (vLLM's ``allocate_slots``).
+
+A batched call pays for its generality at the Python-to-kernel boundary: every array argument
+and every array in the result costs about 150 ns, and a one-sequence ``append`` takes six inputs
+and returns four arrays. These calls pass scalars (plus the keys of a keyed prompt) and get
+scalars back. They commit on the first try without a page pool; anything else (a failure, a
+page pool, bigger record buffers) is redone by the batched call, which raises the typed error
+or runs the pool's pipeline (a failed kernel call changed nothing).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvnumba._engine_keys import key_array
+from kvnumba._ids import split_id
+from kvnumba._inputs import index_array
+from kvnumba._virtual_pages import deliver_all
+
+_UINT64 = np.dtype(np.uint64)
+_INT64 = np.dtype(np.int64)
+_NO_TOKENS = np.empty(0, dtype=np.int64)
+_CAP_NONE = np.iinfo(np.int64).max
+
+
+def _int(value, name: str) -> int:
+    if type(value) is int:
+        return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    return int(value)
+
+
+class OneRequestCalls:
+    """``append_one`` and ``admit_one`` of :class:`kvnumba.BlockManager`."""
+
+    def append_one(self, seq_id, count) -> tuple[int, int, int, int]:
+        """Grow one sequence by ``count`` tokens without token ids (atomic).
+
+        Parameters
+        ----------
+        seq_id : int
+            A live sequence id.
+        count : int
+            Tokens to append (>= 0).
+
+        Returns
+        -------
+        tuple of int
+            ``(blocks_before, blocks_after, cow_src, cow_dst)``: the new blocks are table
+            positions ``blocks_before .. blocks_after - 1`` (:meth:`table_row`); ``cow_src ->
+            cow_dst`` is the block copy to perform on the device, ``-1, -1`` for none.
+
+        Raises
+        ------
+        PoolExhausted, InvalidSequence, SequenceReleased, SequenceTooLong, ValueError, TypeError
+            As ``append``; nothing is changed by a failed call.
+        """
+        seq_id, count = _int(seq_id, "seq_id"), _int(count, "count")
+        if self._pool is None and 0 <= count <= self._max_seq_len:
+            r = self._k_append_one(seq_id, count, *self._args)
+            if r[0] == 0:
+                self._after_fast_commit(r)
+                return r[4], r[5], r[6], r[7]
+        ids = np.array([seq_id], dtype=np.int64)
+        result = self.append(ids, np.array([count], dtype=np.int64))
+        length = int(self.seq_lens(ids)[0])
+        after = -(-length // self._block_size)
+        before = -(-(length - count) // self._block_size)
+        if result.cow_src.shape[0]:
+            return before, after, int(result.cow_src[0]), int(result.cow_dst[0])
+        return before, after, -1, -1
+
+    def admit_one(
+        self, tokens=None, *, length=None, salt=0, keys=None, max_hit_blocks=None
+    ) -> tuple[int, int]:
+        """Admit one prompt (atomic), reusing its longest cached prefix.
+
+        Parameters
+        ----------
+        tokens : 1-D integer array-like, optional
+            The prompt's token ids; None with ``block_keys=True`` (then ``length`` is
+            required).
+        length : int, optional
+            The prompt's length; default ``len(tokens)``.
+        salt : int, default 0
+            Cache salt.
+        keys : integer array-like of shape (K, 4), optional
+            ``block_keys=True``: the engine keys of the prompt's first K full blocks.
+        max_hit_blocks : int, optional
+            Cap on the blocks reused.
+
+        Returns
+        -------
+        tuple of int
+            ``(seq_id, num_cached_tokens)``.
+
+        Raises
+        ------
+        PoolExhausted, SequenceTooLong, TooManySequences, ValueError, TypeError
+            As ``admit``; nothing is changed by a failed call.
+        """
+        salt = _int(salt, "salt")
+        cap = _CAP_NONE if max_hit_blocks is None else _int(max_hit_blocks, "max_hit_blocks")
+        if tokens is None:
+            tokens_in, has_tokens = _NO_TOKENS, False
+        elif type(tokens) is np.ndarray and tokens.dtype == _INT64 and tokens.ndim == 1:
+            tokens_in, has_tokens = np.ascontiguousarray(tokens), True
+        else:
+            tokens_in, has_tokens = index_array(tokens, "tokens"), True
+        if length is None:
+            if tokens is None:
+                raise ValueError("admit_one needs tokens or a length")
+            length = tokens_in.shape[0]
+        length = _int(length, "length")
+        if keys is not None and self._block_keys:
+            if not (
+                type(keys) is np.ndarray
+                and keys.dtype == _UINT64
+                and keys.ndim == 2
+                and keys.shape[1] == 4
+                and keys.flags.c_contiguous
+            ):
+                keys = key_array(keys)
+        if self._pool is None and cap >= 0 and (has_tokens or self._block_keys):
+            if self._block_keys:
+                r = self._k_admit_one_keys(
+                    tokens_in,
+                    length,
+                    salt,
+                    has_tokens,
+                    _NO_KEYS if keys is None else keys,
+                    cap,
+                    *self._args,
+                )
+            elif keys is None and length == tokens_in.shape[0]:
+                r = self._k_admit_one(tokens_in, salt, cap, *self._args)
+            else:
+                r = None
+            if r is not None and r[0] == 0:
+                self._after_fast_commit(r)
+                return r[4], r[5]
+        result = self.admit(
+            None if tokens is None else tokens_in,
+            [length],
+            salts=[salt],
+            keys=keys,
+            max_hit_blocks=max_hit_blocks,
+        )
+        return int(result.ids[0]), int(result.num_cached_tokens[0])
+
+    def _after_fast_commit(self, result) -> None:
+        """What ``_run`` does after a commit, for a first-try success without a pool."""
+        if self._event_chunks is not None:
+            self._collect_events()
+        if self._on_evict is not None:
+            deliver_all((self._deliver_evictions,), result)
+
+    def table_row(self, seq_id) -> np.ndarray:
+        """The block table row of a live sequence: a read-only view of the state.
+
+        It follows the sequence as it grows (entries past its blocks read -1) for as long as
+        the sequence lives; read it, do not keep it past ``release``.
+
+        Raises
+        ------
+        InvalidSequence, SequenceReleased
+            For an id that is not live.
+        """
+        ids = np.array([_int(seq_id, "seq_id")], dtype=np.int64)
+        self.seq_lens(ids)  # validates the id
+        return self._views.seq_table[split_id(int(ids[0]), self._max_seqs)[2]]
+
+
+_NO_KEYS = np.empty((0, 4), dtype=np.uint64)
