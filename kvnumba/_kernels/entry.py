@@ -124,7 +124,7 @@ def _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool, has_tokens, 
     num_cached_tokens = np.zeros(num_prompts, dtype=np.int64)
     ok = np.zeros(num_prompts, dtype=np.bool_)
     status, bad, total, bound, longest = validate_admit(
-        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps
+        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, np.bool_(True)
     )
     if status != ST_OK:
         return status, bad, 0, 0, ids, num_cached_tokens, np.empty(0, dtype=np.int64), ok
@@ -212,7 +212,7 @@ def _lookup(tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, cap
     n = lengths.shape[0]
     num_cached_tokens = np.zeros(n, dtype=np.int64)
     status, bad, _, _, longest = validate_admit(
-        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps
+        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, np.bool_(False)
     )
     if status != ST_OK:
         return status, bad, num_cached_tokens, np.empty((n, 0), dtype=np.int32)
