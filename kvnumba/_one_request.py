@@ -123,21 +123,14 @@ class OneRequestCalls:
                 and keys.flags.c_contiguous
             ):
                 keys = key_array(keys)
-        if self._pool is None and cap >= 0 and (has_tokens or self._block_keys):
-            if self._block_keys:
+        if self._pool is None and cap >= 0 and 1 <= length <= self._max_seq_len:
+            r = None
+            if self._block_keys and not has_tokens:
                 r = self._k_admit_one_keys(
-                    tokens_in,
-                    length,
-                    salt,
-                    has_tokens,
-                    _NO_KEYS if keys is None else keys,
-                    cap,
-                    *self._args,
+                    length, salt, _NO_KEYS if keys is None else keys, cap, *self._args
                 )
-            elif keys is None and length == tokens_in.shape[0]:
+            elif not self._block_keys and keys is None and length == tokens_in.shape[0]:
                 r = self._k_admit_one(tokens_in, salt, cap, *self._args)
-            else:
-                r = None
             if r is not None and r[0] == 0:
                 self._after_fast_commit(r)
                 return r[4], r[5]
@@ -149,6 +142,48 @@ class OneRequestCalls:
             max_hit_blocks=max_hit_blocks,
         )
         return int(result.ids[0]), int(result.num_cached_tokens[0])
+
+    def lookup_one(self, *, length, salt=0, keys, max_hit_blocks=None) -> np.ndarray:
+        """The blocks ``admit_one(None, length=..., keys=...)`` would reuse now, claiming
+        nothing (``block_keys=True``; the one-request form of :meth:`lookup`).
+
+        Parameters
+        ----------
+        length : int
+            The prompt's length.
+        salt : int, default 0
+            Cache salt.
+        keys : integer array-like of shape (K, 4)
+            The engine keys of the prompt's first K full blocks.
+        max_hit_blocks : int, optional
+            Cap on the blocks reported.
+
+        Returns
+        -------
+        numpy.ndarray of int64
+            The hit blocks, in order (their number times ``block_size`` is the cached length).
+
+        Raises
+        ------
+        SequenceTooLong, ValueError, TypeError
+            As :meth:`lookup`.
+        """
+        length, salt = _int(length, "length"), _int(salt, "salt")
+        cap = _CAP_NONE if max_hit_blocks is None else _int(max_hit_blocks, "max_hit_blocks")
+        if not (
+            type(keys) is np.ndarray
+            and keys.dtype == _UINT64
+            and keys.ndim == 2
+            and keys.shape[1] == 4
+            and keys.flags.c_contiguous
+        ):
+            keys = key_array(keys)
+        if self._block_keys and cap >= 0 and 1 <= length <= self._max_seq_len:
+            status, _, hits = self._k_lookup_one_keys(length, salt, keys, cap, *self._args)
+            if status == 0:
+                return hits
+        result = self.lookup(None, [length], salts=[salt], keys=keys, max_hit_blocks=max_hit_blocks)
+        return result.block_ids[0][result.block_ids[0] >= 0].astype(np.int64)
 
     def _after_fast_commit(self, result) -> None:
         """What ``_run`` does after a commit, for a first-try success without a pool."""

@@ -33,7 +33,8 @@ from kvnumba._kernels.sequences import (
     table_width,
 )
 from kvnumba._kernels.trim import commit_give_up, rollback_give_up, run_give_up
-from kvnumba._kernels.views import scratch_slots
+from kvnumba._kernels.views import header_entry, scratch_slots
+from kvnumba._state import FIELD, H_DIM1
 from kvnumba.errors import ST_OK
 
 #: Positions of the outcome of a state-changing entry kernel (a tuple: boxing a named tuple
@@ -406,12 +407,29 @@ def k_append_one(seq_id, count, arena, scratch):
 
 @njit(cache=True, inline="always")
 def _admit_one(tokens_in, length, salt, has_tokens, key_rows, cap, arena, scratch):
-    lengths = np.full(1, length, dtype=np.int64)
-    salts = np.full(1, salt, dtype=np.int64)
-    caps = np.full(1, cap, dtype=np.int64)
-    status, bad, needed, available, ids, cached, _, _ = _admit(
-        tokens_in, lengths, salts, np.bool_(True), arena, scratch, scratch, has_tokens, key_rows,
-        caps,
+    # The facade passes 1 <= length <= max_seq_len. Every array of the call is carved out of
+    # one allocation (ten small allocations were about a third of the call).
+    block_size = header_entry(arena, FIELD.tokens, H_DIM1)
+    blocks = (length + block_size - 1) // block_size
+    buffer = np.empty(8 * (8 + blocks + length), dtype=np.uint8)
+    lengths = carve(buffer, 0, (1,), np.int64)
+    salts = carve(buffer, 8, (1,), np.int64)
+    caps = carve(buffer, 16, (1,), np.int64)
+    ids = carve(buffer, 24, (1,), np.int64)
+    cached = carve(buffer, 32, (1,), np.int64)
+    ok = carve(buffer, 40, (1,), np.bool_)
+    no_pairs = carve(buffer, 48, (0,), np.int32)
+    hits = carve(buffer, 64, (blocks,), np.int64)
+    slot_mapping = carve(buffer, 64 + 8 * blocks, (length,), np.int64)
+    lengths[0], salts[0], caps[0], ids[0], cached[0], ok[0] = length, salt, cap, -1, 0, False
+    status, bad, _, bound, _ = validate_admit(
+        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, np.bool_(True)
+    )
+    if status != ST_OK:
+        return status, bad, 0, 0, -1, 0
+    status, bad, needed, available, _ = run_admit(
+        tokens_in, lengths, salts, np.bool_(True), bound, ids, cached, slot_mapping, ok, hits,
+        no_pairs, arena, scratch, scratch, has_tokens, key_rows, caps,
     )  # fmt: skip
     return status, bad, needed, available, ids[0], cached[0]
 
@@ -426,8 +444,33 @@ def k_admit_one(tokens_in, salt, cap, arena, scratch):
 
 
 @njit(cache=True)
-def k_admit_one_keys(tokens_in, length, salt, has_tokens, keys, cap, arena, scratch):
-    """One prompt with engine keys (all of ``keys`` belong to it): returns (status, bad,
-    needed, available, id, cached tokens)."""
+def k_admit_one_keys(length, salt, keys, cap, arena, scratch):
+    """One prompt with engine keys and no token ids (all of ``keys`` belong to it): returns
+    (status, bad, needed, available, id, cached tokens)."""
     key_counts = np.full(1, keys.shape[0], dtype=np.int64)
-    return _admit_one(tokens_in, length, salt, has_tokens, (keys, key_counts), cap, arena, scratch)
+    return _admit_one(
+        np.empty(0, dtype=np.int64), length, salt, np.bool_(False), (keys, key_counts), cap,
+        arena, scratch,
+    )  # fmt: skip
+
+
+@njit(cache=True)
+def k_lookup_one_keys(length, salt, keys, cap, arena, scratch):
+    """``lookup`` of one prompt with engine keys and no token ids: returns (status, bad, hit
+    blocks)."""
+    lengths = np.full(1, length, dtype=np.int64)
+    salts = np.full(1, salt, dtype=np.int64)
+    caps = np.full(1, cap, dtype=np.int64)
+    key_rows = (keys, np.full(1, keys.shape[0], dtype=np.int64))
+    tokens_in = np.empty(0, dtype=np.int64)
+    status, bad, _, _, _ = validate_admit(
+        tokens_in, lengths, salts, arena, scratch, np.bool_(False), key_rows, caps,
+        np.bool_(False),
+    )  # fmt: skip
+    hits = np.empty((1, keys.shape[0]), dtype=np.int64)
+    if status != ST_OK:
+        return status, bad, hits[0, :0]
+    width = run_lookup(
+        tokens_in, lengths, salts, salts, hits, arena, scratch, np.bool_(False), key_rows, caps
+    )
+    return ST_OK, -1, hits[0, :width]
