@@ -33,8 +33,7 @@ from kvnumba._kernels.sequences import (
     table_width,
 )
 from kvnumba._kernels.trim import commit_give_up, rollback_give_up, run_give_up
-from kvnumba._kernels.views import header_entry, scratch_slots
-from kvnumba._state import FIELD, H_DIM1
+from kvnumba._kernels.views import block_size_of, scratch_slots
 from kvnumba.errors import ST_OK
 
 #: Positions of the outcome of a state-changing entry kernel (a tuple: boxing a named tuple
@@ -409,7 +408,7 @@ def k_append_one(seq_id, count, arena, scratch):
 def _admit_one(tokens_in, length, salt, has_tokens, key_rows, cap, arena, scratch):
     # The facade passes 1 <= length <= max_seq_len. Every array of the call is carved out of
     # one allocation (ten small allocations were about a third of the call).
-    block_size = header_entry(arena, FIELD.tokens, H_DIM1)
+    block_size = block_size_of(arena)
     blocks = (length + block_size - 1) // block_size
     buffer = np.empty(8 * (8 + blocks + length), dtype=np.uint8)
     lengths = carve(buffer, 0, (1,), np.int64)
