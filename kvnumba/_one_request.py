@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvnumba import errors as E
 from kvnumba._engine_keys import key_array
 from kvnumba._ids import split_id
 from kvnumba._inputs import index_array
@@ -35,8 +36,9 @@ def _int(value, name: str) -> int:
 class OneRequestCalls:
     """``append_one`` and ``admit_one`` of :class:`kvnumba.BlockManager`."""
 
-    def append_one(self, seq_id, count) -> tuple[int, int, int, int]:
-        """Grow one sequence by ``count`` tokens without token ids (atomic).
+    def append_one(self, seq_id, count, *, key_start=0, keys=None) -> tuple[int, int, int, int]:
+        """Grow one sequence by ``count`` tokens without token ids (atomic), and register the
+        keys of blocks that are full afterwards (``block_keys=True``).
 
         Parameters
         ----------
@@ -44,6 +46,11 @@ class OneRequestCalls:
             A live sequence id.
         count : int
             Tokens to append (>= 0).
+        key_start : int, default 0
+            Table position of the first block ``keys`` belong to.
+        keys : integer array-like of shape (K, 4), optional
+            Keys of the blocks at positions ``key_start .. key_start + K - 1``, each full once
+            the sequence has grown (as :meth:`set_keys`, in the same call).
 
         Returns
         -------
@@ -55,16 +62,47 @@ class OneRequestCalls:
         Raises
         ------
         PoolExhausted, InvalidSequence, SequenceReleased, SequenceTooLong, ValueError, TypeError
-            As ``append``; nothing is changed by a failed call.
+            As ``append`` and ``set_keys``; nothing is changed by a failed call.
         """
         seq_id, count = _int(seq_id, "seq_id"), _int(count, "count")
-        if self._pool is None and 0 <= count <= self._max_seq_len:
+        fast = self._pool is None and 0 <= count <= self._max_seq_len
+        if keys is not None:
+            if not self._block_keys:
+                raise ValueError("keys need a manager built with block_keys=True")
+            key_start = _int(key_start, "key_start")
+            if not (
+                type(keys) is np.ndarray
+                and keys.dtype == _UINT64
+                and keys.ndim == 2
+                and keys.shape[1] == 4
+                and keys.flags.c_contiguous
+            ):
+                keys = key_array(keys)
+            if fast:
+                r = self._k_append_one_keys(seq_id, count, key_start, keys, *self._args)
+                if r[0] == 0:
+                    self._after_fast_commit(r)
+                    return r[4], r[5], r[6], r[7]
+                if r[0] in (E.ST_BAD_KEY_POSITION, E.ST_KEY_CONFLICT):
+                    ids = np.array([seq_id], dtype=np.int64)
+                    rows = np.array([keys.shape[0]])
+                    self._raise_keys(r[0], 0, ids, np.array([key_start]), rows)
+        elif fast:
             r = self._k_append_one(seq_id, count, *self._args)
             if r[0] == 0:
                 self._after_fast_commit(r)
                 return r[4], r[5], r[6], r[7]
         ids = np.array([seq_id], dtype=np.int64)
+        if keys is not None and self._pool is not None:
+            # On a page pool the batched calls run: the positions are checked first, so that
+            # set_keys cannot refuse them after the append committed.
+            length = int(self.seq_lens(ids)[0]) + max(count, 0)
+            if key_start < 0 or key_start + keys.shape[0] > length // self._block_size:
+                rows = np.array([keys.shape[0]])
+                self._raise_keys(E.ST_BAD_KEY_POSITION, 0, ids, np.array([key_start]), rows)
         result = self.append(ids, np.array([count], dtype=np.int64))
+        if keys is not None:
+            self.set_keys(ids, [key_start], [keys.shape[0]], keys)
         length = int(self.seq_lens(ids)[0])
         after = -(-length // self._block_size)
         before = -(-(length - count) // self._block_size)

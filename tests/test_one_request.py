@@ -196,3 +196,60 @@ def test_one_request_calls_on_a_page_pool_take_the_batched_path():
     assert cow_dst == int(m.block_tables([child])[0, 2]) != shared_tail
     m.check()
     pool.check()
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.integers(0, 9), max_size=30), paged=st.booleans())
+def test_append_one_with_keys_matches_append_then_set_keys(steps, paged):
+    def make():
+        pool = PagePool(8) if paged else None
+        return kvnumba.BlockManager(
+            32,
+            4,
+            max_seqs=4,
+            max_seq_len=128,
+            block_keys=True,
+            block_events=True,
+            page_pool=pool,
+            blocks_per_page=4 if paged else None,
+        )
+
+    one, batched = make(), make()
+    a, _ = one.admit_one(None, length=3)
+    b = int(batched.admit(None, [3]).ids[0])
+    keyed = 0
+    for count in steps:
+        length = int(one.seq_lens([a])[0]) + count
+        if length > 128:
+            break
+        full = length // 4
+        keys = KEYS[keyed:full]
+        outcome = one.append_one(a, count, key_start=keyed, keys=keys)
+        batched.append([b], [count])
+        batched.set_keys([b], [keyed], [full - keyed], keys)
+        assert outcome[:2] == (-(-(length - count) // 4), -(-length // 4))
+        keyed = full
+        one.check()
+        _same_state(one, batched)
+        for x, y in zip(one.take_events(), batched.take_events(), strict=True):
+            assert np.array_equal(x, y)
+
+
+def test_append_one_with_bad_keys_changes_nothing():
+    m = kvnumba.BlockManager(16, 4, max_seqs=2, block_keys=True)
+    seq, _ = m.admit_one(None, length=6, keys=KEYS[:1])
+    before = m.snapshot()
+    with pytest.raises(ValueError, match="not all full blocks"):
+        m.append_one(seq, 1, key_start=1, keys=KEYS[1:3])  # block 2 would not be full
+    with pytest.raises(ValueError, match="another key"):
+        m.append_one(seq, 2, key_start=0, keys=KEYS[5:7])  # block 0 has key 0
+    with pytest.raises(ValueError, match="full blocks"):
+        m.append_one(seq, 2, key_start=-1, keys=KEYS[:1])
+    with pytest.raises(ValueError, match="shape"):
+        m.append_one(seq, 2, key_start=1, keys=KEYS[1])
+    for x, y in zip(before, m.snapshot(), strict=True):
+        assert np.array_equal(x, y)
+    plain = kvnumba.BlockManager(16, 4)
+    other = plain.new_sequences(1)[0]
+    with pytest.raises(ValueError, match="block_keys"):
+        plain.append_one(other, 4, keys=KEYS[:1])

@@ -21,7 +21,7 @@ from kvnumba._kernels.append import append_need, run_append
 from kvnumba._kernels.carve import carve
 from kvnumba._kernels.check import check
 from kvnumba._kernels.engine import run_evict, run_reset_prefix_cache, run_truncate
-from kvnumba._kernels.keys import run_set_keys
+from kvnumba._kernels.keys import check_key_run, register_key_run, run_set_keys
 from kvnumba._kernels.sequences import (
     fill_lens,
     fill_tables,
@@ -382,10 +382,8 @@ def k_check_paged(arena, scratch, pool):
 # The workers are append's and admit's own, compiled for the same types.
 
 
-@njit(cache=True)
-def k_append_one(seq_id, count, arena, scratch):
-    """One sequence grows by ``count`` tokens without ids: returns (status, bad, needed,
-    available, blocks before, blocks after, cow_src, cow_dst), -1 for no copy."""
+@njit(cache=True, inline="always")
+def _append_one(seq_id, count, arena, scratch):
     ids = np.full(1, seq_id, dtype=np.int64)
     counts = np.full(1, count, dtype=np.int64)
     slots = scratch_slots(scratch)[:1]
@@ -395,13 +393,33 @@ def k_append_one(seq_id, count, arena, scratch):
         slot_mapping, cow_src, cow_dst, ok, arena, scratch, scratch,
     )  # fmt: skip
     if status != ST_OK:
-        return status, bad, needed, available, 0, 0, -1, -1
+        return status, bad, needed, available, 0, 0, -1, -1, slots[0]
     length, block_size = length_and_block_size(slots[0], arena, scratch)
     after = (length + block_size - 1) // block_size
     before = (length - count + block_size - 1) // block_size
     if num_cow > 0:
-        return status, bad, needed, available, before, after, cow_src[0], cow_dst[0]
-    return status, bad, needed, available, before, after, -1, -1
+        return status, bad, needed, available, before, after, cow_src[0], cow_dst[0], slots[0]
+    return status, bad, needed, available, before, after, -1, -1, slots[0]
+
+
+@njit(cache=True)
+def k_append_one(seq_id, count, arena, scratch):
+    """One sequence grows by ``count`` tokens without ids: returns (status, bad, needed,
+    available, blocks before, blocks after, cow_src, cow_dst, slot), -1 for no copy."""
+    return _append_one(seq_id, count, arena, scratch)
+
+
+@njit(cache=True)
+def k_append_one_keys(seq_id, count, key_start, keys, arena, scratch):
+    """``k_append_one``, then ``keys`` registered at table positions ``key_start ..`` (full
+    blocks once grown; checked before anything is written)."""
+    status, bad = check_key_run(seq_id, count, key_start, keys, arena, scratch)
+    if status != ST_OK:
+        return status, bad, 0, 0, 0, 0, -1, -1, -1
+    result = _append_one(seq_id, count, arena, scratch)
+    if result[0] == ST_OK:
+        register_key_run(result[8], key_start, keys, arena, scratch)
+    return result
 
 
 @njit(cache=True, inline="always")

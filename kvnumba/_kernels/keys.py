@@ -12,7 +12,7 @@ import numpy as np
 from kvnumba._kernels.events import EVENT_STORED, note_event
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.prefix import table_insert
-from kvnumba._kernels.sequences import resolve_ids
+from kvnumba._kernels.sequences import resolve, resolve_ids
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
 from kvnumba._state import (
@@ -212,3 +212,37 @@ def run_set_keys(ids, starts, counts, keys, slots, arena, scratch):
                 registered += 1
             row += 1
     return ST_OK, -1, registered
+
+
+@out_of_line
+def check_key_run(seq_id, count, start, keys, arena, scratch):
+    """Whether ``keys`` may go to table positions ``start ..`` of sequence ``seq_id`` once it
+    has grown by ``count`` tokens: (status, bad). Read only; an unknown id or a bad count is
+    left to the append's own validation (ST_OK here)."""
+    v = views(arena, scratch, scratch)
+    status, slot = resolve(v, seq_id)
+    if status != ST_OK or count < 0:
+        return ST_OK, -1
+    block_size = v.tokens.shape[1]
+    length = v.seq_len[slot]
+    full = (length + count) // block_size
+    if start < 0 or keys.shape[0] > full - start:
+        return ST_BAD_KEY_POSITION, 0
+    held = (length + block_size - 1) // block_size
+    for r in range(keys.shape[0]):
+        pos = start + r
+        if pos < held:
+            b = v.seq_table[slot, pos]
+            if (v.block_flags[b] & F_HASHED) != 0 and not _same_words(v.block_key[b], keys[r]):
+                return ST_KEY_CONFLICT, 0
+    return ST_OK, -1
+
+
+@out_of_line
+def register_key_run(slot, start, keys, arena, scratch):
+    """Register ``keys`` at table positions ``start ..`` of sequence slot ``slot`` (checked
+    by :func:`check_key_run` before the append that made them full)."""
+    v = views(arena, scratch, scratch)
+    salt = v.seq_salt[slot]
+    for r in range(keys.shape[0]):
+        register_key(v, v.seq_table[slot, start + r], keys, np.int64(r), salt)
