@@ -533,7 +533,10 @@ def _dask_client(scheduler, n_workers: int | None, cache_dir: str | None):
             # Any free port for the scheduler's HTTP server: 8787 may be taken by another
             # cluster, and distributed then warns on stderr.
             dashboard_address=":0",
-            silence_logs=logging.ERROR,
+            # CRITICAL: a worker whose scheduler stops first (Ctrl-C on a loaded machine) logs a
+            # heartbeat ERROR with a traceback; a simulation's own failure reaches the sweep
+            # through its future, not through the log.
+            silence_logs=logging.CRITICAL,
             env=env,
         )
     with cluster, Client(cluster) as client:
