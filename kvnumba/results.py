@@ -50,6 +50,48 @@ class AdmitResult(NamedTuple):
     ok: np.ndarray
 
 
+class LookupResult(NamedTuple):
+    """What ``BlockManager.lookup`` found (nothing claimed, no state changed).
+
+    Attributes
+    ----------
+    num_cached_tokens : numpy.ndarray of int64, shape (num_prompts,)
+        Prompt tokens that ``admit`` would serve from cached blocks now (whole blocks), prompt
+        by prompt as if each were the only one of the call.
+    block_ids : numpy.ndarray of int32, shape (num_prompts, width)
+        The hit blocks of each prompt in position order, padded with -1; ``width`` is the most
+        hits of any prompt (0 for none).
+    """
+
+    num_cached_tokens: np.ndarray
+    block_ids: np.ndarray
+
+
+#: ``BlockEvents.kind`` of a block that got registered under a key.
+EVENT_STORED = 1
+#: ``BlockEvents.kind`` of a registered block that was evicted or unregistered.
+EVENT_REMOVED = 2
+
+
+class BlockEvents(NamedTuple):
+    """Block events drained by ``BlockManager.take_events``, in the order they happened.
+
+    Attributes
+    ----------
+    kind : numpy.ndarray of uint8, shape (n,)
+        ``EVENT_STORED`` (1) or ``EVENT_REMOVED`` (2).
+    block : numpy.ndarray of int32, shape (n,)
+        The block id.
+    key : numpy.ndarray of uint64, shape (n, 4)
+        The key the block was registered under: the engine's key with ``block_keys=True``,
+        else ``(chained hash, 0, 0, 0)``.
+    """
+
+    kind: np.ndarray
+    block: np.ndarray
+    key: np.ndarray
+
+
 @dataclass(frozen=True)
 class Stats:
     """Counters of one manager; ``used + cached + free == num_blocks`` always.
