@@ -51,26 +51,18 @@ class AdmitResult(NamedTuple):
 
 
 class LookupResult(NamedTuple):
-    """What ``BlockManager.lookup`` found (nothing claimed, no state changed).
+    """What ``BlockManager.lookup`` found (nothing claimed).
 
     Attributes
     ----------
     num_cached_tokens : numpy.ndarray of int64, shape (num_prompts,)
-        Prompt tokens that ``admit`` would serve from cached blocks now (whole blocks), prompt
-        by prompt as if each were the only one of the call.
+        Prompt tokens ``admit`` would serve from cached blocks now (whole blocks).
     block_ids : numpy.ndarray of int32, shape (num_prompts, width)
-        The hit blocks of each prompt in position order, padded with -1; ``width`` is the most
-        hits of any prompt (0 for none).
+        The hit blocks of each prompt, in order, padded with -1; ``width`` is the most hits.
     """
 
     num_cached_tokens: np.ndarray
     block_ids: np.ndarray
-
-
-#: ``BlockEvents.kind`` of a block that got registered under a key.
-EVENT_STORED = 1
-#: ``BlockEvents.kind`` of a registered block that was evicted or unregistered.
-EVENT_REMOVED = 2
 
 
 class BlockEvents(NamedTuple):
@@ -79,17 +71,20 @@ class BlockEvents(NamedTuple):
     Attributes
     ----------
     kind : numpy.ndarray of uint8, shape (n,)
-        ``EVENT_STORED`` (1) or ``EVENT_REMOVED`` (2).
+        ``STORED`` (1): the block was registered under ``key``; ``REMOVED`` (2): a registered
+        block was evicted or unregistered.
     block : numpy.ndarray of int32, shape (n,)
         The block id.
     key : numpy.ndarray of uint64, shape (n, 4)
-        The key the block was registered under: the engine's key with ``block_keys=True``,
-        else ``(chained hash, 0, 0, 0)``.
+        Its engine key (``block_keys``), or its chained hash and three zero words.
     """
 
     kind: np.ndarray
     block: np.ndarray
     key: np.ndarray
+
+    STORED = 1
+    REMOVED = 2
 
 
 @dataclass(frozen=True)

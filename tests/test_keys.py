@@ -19,9 +19,9 @@ import pytest
 import kvnumba
 from kvnumba.reference import ReferenceBlockManager
 from kvnumba.reference._common import _STATE
-from kvnumba.results import EVENT_REMOVED, EVENT_STORED, BlockEvents, LookupResult
+from kvnumba.results import BlockEvents, LookupResult
 
-STORED, REMOVED = EVENT_STORED, EVENT_REMOVED
+STORED, REMOVED = BlockEvents.STORED, BlockEvents.REMOVED
 KERNELS_HAVE_KEYS = hasattr(kvnumba.BlockManager, "set_keys")
 # Words beyond int64 on purpose: a vLLM sha256 hash seen as uint64 words usually has some.
 HIGH = 1 << 63

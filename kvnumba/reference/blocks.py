@@ -6,7 +6,7 @@ refcount 0 sit on the LRU list ``_lru`` (least recently released first) until ev
 
 from __future__ import annotations
 
-from kvnumba.results import EVENT_REMOVED
+from kvnumba.results import BlockEvents
 
 
 class BlocksMixin:
@@ -37,7 +37,7 @@ class BlocksMixin:
     def _evict(self, block: int) -> None:
         """Forget cached ``block``: off the LRU list and the prefix table, recorded, counted."""
         del self._lru[block]
-        self._event(EVENT_REMOVED, block)
+        self._event(BlockEvents.REMOVED, block)
         del self._prefix[self._key[block]]
         self._evicted.append((block, self._hash[block], list(self._tokens[block])))
         self._counters["evictions"] += 1

@@ -27,7 +27,7 @@ import numpy as np
 
 from kvnumba._inputs import hit_caps, key_rows
 from kvnumba.reference._common import _as_int_array
-from kvnumba.results import EVENT_STORED, BlockEvents, LookupResult
+from kvnumba.results import BlockEvents, LookupResult
 
 
 class _Prompt(NamedTuple):
@@ -178,7 +178,7 @@ class KeysMixin:
         self._hash[block] = key[1]
         if key not in self._prefix:  # the first block with this key stays registered
             self._prefix[key] = block
-            self._event(EVENT_STORED, block)
+            self._event(BlockEvents.STORED, block)
 
     def _register_keys(self, slot: int, p: _Prompt, hits: int) -> None:
         """After ``admit`` allocated prompt ``p`` in ``slot``: key its non-hit keyed blocks."""

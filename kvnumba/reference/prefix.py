@@ -7,7 +7,7 @@ tokens)``; the first block that filled with a key is the one registered in ``_pr
 from __future__ import annotations
 
 from kvnumba.reference._common import ROOT_HASH, _hash64
-from kvnumba.results import EVENT_STORED
+from kvnumba.results import BlockEvents
 
 
 class PrefixMixin:
@@ -33,7 +33,7 @@ class PrefixMixin:
         self._hash[block] = _hash64(key)
         if key not in self._prefix:  # the first block with this key stays registered
             self._prefix[key] = block
-            self._event(EVENT_STORED, block)
+            self._event(BlockEvents.STORED, block)
 
     def _lookup_prefix(self, prompt: list[int], salt: int) -> list[int]:
         """Registered blocks matching the prompt's leading full blocks (at most ``(L-1)//bs``)."""
