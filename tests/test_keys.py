@@ -323,6 +323,16 @@ def test_lookup_of_no_prompts_and_without_hits(make):
     assert none.num_cached_tokens.tolist() == [0] and none.block_ids.shape == (1, 0)
 
 
+def test_lookup_validates_as_admit_but_takes_no_slots(make):
+    mgr = make(8, 2, max_seqs=2)
+    mgr.admit([1, 2, 3], [3], keys=K(1))
+    # Three prompts, two free slots: admit would refuse, lookup creates no sequence.
+    assert hits(mgr, None, [3, 3, 3], keys=K(1, 1, 2)) == [2, 2, 0]
+    assert hits(mgr, None, [3], key_counts=[0]) == [0]  # no keys: zero rows
+    with pytest.raises(kvnumba.SequenceTooLong):
+        mgr.lookup(None, [mgr.max_seq_len + 1], keys=K(), key_counts=[0])
+
+
 def test_lookup_in_token_mode_matches_admits_chained_hashes(make):
     mgr = make(block_keys=False)
     (a,) = mgr.admit([1, 2, 3, 4, 5], [5]).ids
@@ -355,12 +365,12 @@ def test_set_keys_registers_blocks_filled_by_decode(make):
     events(mgr)
     mgr.append([a], [3], [4, 5, 6])  # block 1 full, block 2 full: no keys yet
     assert events(mgr) == [] and hits(mgr, [1, 2, 3, 4, 5, 6, 7], [7], keys=K(1, 2, 3)) == [2]
-    mgr.set_keys([a], [1], [2], K(2, 3))
+    assert mgr.set_keys([a], [1], [2], K(2, 3)) == 2  # blocks newly registered
     assert events(mgr) == [(STORED, 1, 2), (STORED, 2, 3)]
     assert hits(mgr, [1, 2, 3, 4, 5, 6, 7], [7], keys=K(1, 2, 3)) == [6]
-    mgr.set_keys([a], [0], [3], K(1, 2, 3))  # the same keys again: skipped
+    assert mgr.set_keys([a], [0], [3], K(1, 2, 3)) == 0  # the same keys again: skipped
     assert events(mgr) == []
-    mgr.set_keys([a], [5], [0], K())  # no positions: nothing to check
+    assert mgr.set_keys([a], [3], [0], K()) == 0  # no positions, start at the end: fine
     mgr.release([a])
     assert Probe(mgr).lru() == [2, 1, 0]
     mgr.check()
@@ -402,6 +412,7 @@ BAD_SET_KEYS = [
     ("past-the-end", lambda a, b: ([a], [0], [3], K(1, 2, 3)), ValueError),
     ("negative-start", lambda a, b: ([a], [-1], [1], K(1)), ValueError),
     ("negative-count", lambda a, b: ([a], [0], [-1], K()), ValueError),
+    ("start-past-the-end", lambda a, b: ([a], [3], [0], K()), ValueError),
     ("rows-mismatch", lambda a, b: ([a], [0], [1], K(1, 2)), ValueError),
     ("lengths-mismatch", lambda a, b: ([a, b], [0], [1, 1], K(1, 2)), ValueError),
     ("duplicate-ids", lambda a, b: ([a, a], [0, 0], [1, 1], K(1, 1)), ValueError),
@@ -410,7 +421,12 @@ BAD_SET_KEYS = [
     ("keys-float", lambda a, b: ([a], [0], [1], np.ones((1, 4))), TypeError),
     ("keys-bool", lambda a, b: ([a], [0], [1], np.ones((1, 4), bool)), TypeError),
     ("keys-negative", lambda a, b: ([a], [0], [1], [[-1, 0, 0, 0]]), ValueError),
-    ("keys-beyond-uint64", lambda a, b: ([a], [0], [1], [[1 << 64, 0, 0, 0]]), ValueError),
+    # An int beyond the range: ValueError in the model; TypeError is index_array's convention.
+    (
+        "keys-beyond-uint64",
+        lambda a, b: ([a], [0], [1], [[1 << 64, 0, 0, 0]]),
+        (TypeError, ValueError),
+    ),
     ("starts-float", lambda a, b: ([a], [0.0], [1], K(1)), TypeError),
     ("other-key", lambda a, b: ([b], [0], [1], K(9)), ValueError),
     ("unknown-id", lambda a, b: ([a + 12345], [0], [1], K(1)), kvnumba.InvalidSequence),
@@ -428,6 +444,21 @@ def test_bad_set_keys_raise_and_change_nothing(make, name, args, error):
     with pytest.raises(error):
         mgr.set_keys(*args(int(a), int(b)))
     assert probe.frozen() == before
+    assert events(mgr) == []
+    mgr.check()
+
+
+def test_set_keys_giving_one_block_two_keys_in_one_call_is_refused(make):
+    """Rows are applied in order: the second finds the block keyed by the first, with another
+    key: a ValueError, and the call as a whole changes nothing (validated before any write)."""
+    mgr = make()
+    (a,) = mgr.admit([1, 2, 3], [3]).ids
+    (c,) = mgr.fork([a])[0]
+    events(mgr)
+    before = Probe(mgr).frozen()
+    with pytest.raises(ValueError):
+        mgr.set_keys([a, c], [0, 0], [1, 1], K(1, 2))
+    assert Probe(mgr).frozen() == before
     assert events(mgr) == []
     mgr.check()
 
@@ -579,7 +610,7 @@ BAD_ADMITS = [
     ("key-counts-sum", dict(keys=K(1, 2), key_counts=[1]), ValueError),
     ("key-counts-length", dict(keys=K(1, 2), key_counts=[1, 1]), ValueError),
     ("key-counts-float", dict(keys=K(1, 2), key_counts=[2.0]), TypeError),
-    ("key-counts-without-keys", dict(key_counts=[0]), ValueError),
+    ("key-counts-without-keys", dict(key_counts=[1]), ValueError),
     ("max-hit-negative", dict(keys=K(1, 2), max_hit_blocks=-1), ValueError),
     ("max-hit-negative-entry", dict(keys=K(1, 2), max_hit_blocks=[-1]), ValueError),
     ("max-hit-length", dict(keys=K(1, 2), max_hit_blocks=[1, 1]), ValueError),

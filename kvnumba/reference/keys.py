@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvnumba._inputs import hit_caps, key_rows
+from kvnumba.errors import SequenceTooLong
 from kvnumba.reference._common import _as_int_array
 from kvnumba.results import BlockEvents, LookupResult
 
@@ -100,13 +101,12 @@ class KeysMixin:
             raise ValueError(f"{len(salts)} salts given for {len(lengths)} prompts")
         counts = np.zeros(len(lengths), dtype=np.int64)
         rows: list[tuple[int, int, int, int]] = []
-        if keys is None:
-            if key_counts is not None:
-                raise ValueError("key_counts given without keys")
-        else:
-            if not self._block_keys:
+        if not self._block_keys:
+            if keys is not None or key_counts is not None:
                 raise ValueError("keys need a manager with block_keys=True")
-            rows = [tuple(row) for row in key_rows(keys).tolist()]
+        elif keys is not None or key_counts is not None:
+            # key_counts without keys: zero rows, so every count must be 0.
+            rows = [] if keys is None else [tuple(row) for row in key_rows(keys).tolist()]
             full = lengths // self._block_size
             if key_counts is None:
                 counts = full
@@ -204,7 +204,7 @@ class KeysMixin:
         tokens : array-like of int, shape (sum(lengths),), or None
             As for :meth:`admit` (``None`` only with ``block_keys=True``).
         lengths, salts, keys, key_counts, max_hit_blocks
-            As for :meth:`admit`; a length beyond ``max_seq_len`` is not an error here.
+            As for :meth:`admit`.
 
         Returns
         -------
@@ -216,8 +216,13 @@ class KeysMixin:
         ------
         TypeError, ValueError
             Bad input, as for :meth:`admit`.
+        SequenceTooLong
+            A prompt beyond ``max_seq_len`` (more prompts than free slots is no error).
         """
         prompts = self._parse_prompts(tokens, lengths, salts, keys, key_counts, max_hit_blocks)
+        for p in prompts:  # validated as admit validates it (no slots are taken, though)
+            if p.length > self._max_seq_len:
+                raise SequenceTooLong(-1, p.length, self._max_seq_len)
         hits = [self._hits(p) for p in prompts]
         width = max((len(h) for h in hits), default=0)
         block_ids = np.full((len(prompts), width), -1, dtype=np.int32)
@@ -228,7 +233,7 @@ class KeysMixin:
             block_ids=block_ids,
         )
 
-    def set_keys(self, ids, starts, counts, keys) -> None:
+    def set_keys(self, ids, starts, counts, keys) -> int:
         """Key (and register) full blocks of live sequences, e.g. blocks filled by decode.
 
         Table positions ``starts[i] .. starts[i] + counts[i] - 1`` of sequence ``ids[i]`` get
@@ -245,6 +250,11 @@ class KeysMixin:
             must be a full block (``< seq_len // block_size``).
         keys : array-like of int, shape (sum(counts), 4)
             uint64 key words (or non-negative integers that fit).
+
+        Returns
+        -------
+        int
+            Blocks newly registered.
 
         Raises
         ------
@@ -279,7 +289,7 @@ class KeysMixin:
             zip(slots, starts.tolist(), counts.tolist(), strict=True)
         ):
             full = self._len[slot] // bs
-            if count and start + count > full:
+            if start + count > full:  # even with count 0: a start past the end is a caller bug
                 raise ValueError(
                     f"positions {start}..{start + count - 1} of ids[{i}]: the sequence has "
                     f"{full} full blocks"
@@ -294,10 +304,12 @@ class KeysMixin:
                 planned[block] = key
                 work.append((block, key))
         if not self._prefix_caching:
-            return  # nothing is ever registered: the keys were validated and are dropped
+            return 0  # nothing is ever registered: the keys were validated and are dropped
+        registered = len(self._prefix)
         for block, key in work:
             if self._key[block] is None:  # an equal key given before (or in this call): skip
                 self._set_key(block, key)
+        return len(self._prefix) - registered
 
     # ------------------------------------------------------------------ check
 
