@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import kvnumba
-from kvnumba.reference import ReferenceBlockManager
+from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
 from kvnumba.reference._common import _STATE
 from kvnumba.results import BlockEvents, LookupResult
 
@@ -90,9 +90,9 @@ def make(request):
     if request.param == "kernels":
         if not KERNELS_HAVE_KEYS:
             pytest.skip("kvnumba.BlockManager has no engine keys yet (lead's branch keys)")
-        cls = kvnumba.BlockManager
+        cls, pool = kvnumba.BlockManager, kvnumba.PagePool
     else:
-        cls = ReferenceBlockManager
+        cls, pool = ReferenceBlockManager, ReferencePagePool
 
     def build(num_blocks=8, block_size=2, **kw):
         kw.setdefault("max_seqs", 8)
@@ -100,6 +100,7 @@ def make(request):
         kw.setdefault("block_events", True)
         return cls(num_blocks, block_size, **kw)
 
+    build.pool = pool  # the page pool class of the same implementation
     return build
 
 
@@ -571,6 +572,26 @@ def test_reset_prefix_cache_emits_every_removal(make):
     mgr.release([b, c])
     assert mgr.stats().cached == 0
     mgr.check()
+
+
+def test_trim_and_sibling_reclaim_on_a_page_pool_emit_removals(make):
+    pool = make.pool(2)
+    mgr = make(4, 1, page_pool=pool, blocks_per_page=2)
+    (a,) = mgr.admit([5, 6, 7], [3], keys=K(1, 2, 3)).ids  # blocks 0, 1 (page 0), 2 (page 1)
+    mgr.release([a])  # LRU 2, 1, 0: page 1 cache-only first, then page 0
+    assert events(mgr) == [(STORED, 0, 1), (STORED, 1, 2), (STORED, 2, 3)]
+    assert mgr.trim() == 2  # page 1 first, then page 0's blocks in ascending order
+    assert events(mgr) == [(REMOVED, 2, 3), (REMOVED, 0, 1), (REMOVED, 1, 2)]
+    # A sibling's call takes a cache-only page: the owner records the removals.
+    (b,) = mgr.admit([5, 6], [2], keys=K(1, 2)).ids
+    mgr.release([b])  # page 0 cache-only again
+    events(mgr)
+    sibling = make(4, 1, page_pool=pool, blocks_per_page=2)
+    sibling.admit([9, 9, 9], [3])  # needs both pages: reclaims page 0 from mgr
+    assert events(mgr) == [(REMOVED, 0, 1), (REMOVED, 1, 2)]
+    assert events(sibling) == []
+    mgr.check()
+    sibling.check()
 
 
 def test_without_block_events_nothing_is_recorded(make):
