@@ -681,3 +681,68 @@ def test_tokens_none_with_keys_still_validates_lengths(make):
     with pytest.raises(kvnumba.SequenceTooLong):
         mgr.admit(None, [mgr.max_seq_len + 1])
     mgr.check()
+
+
+# ---------------------------------------------------------------------- one-request calls
+# The kernels' one-request forms (``admit_one``, ``lookup_one``) against the model's batched
+# equivalents: the prompt's keys are its first ``len(keys)`` full blocks.
+def admit_one(mgr, tokens=None, *, length=None, salt=0, keys=None, max_hit_blocks=None):
+    if hasattr(mgr, "admit_one"):
+        return mgr.admit_one(
+            tokens, length=length, salt=salt, keys=keys, max_hit_blocks=max_hit_blocks
+        )
+    length = len(tokens) if length is None else length
+    kw = {} if keys is None else dict(keys=keys, key_counts=[len(keys)])
+    r = mgr.admit(tokens, [length], salts=[salt], max_hit_blocks=max_hit_blocks, **kw)
+    return int(r.ids[0]), int(r.num_cached_tokens[0])
+
+
+def lookup_one(mgr, *, length, salt=0, keys, max_hit_blocks=None) -> list[int]:
+    if hasattr(mgr, "lookup_one"):
+        return mgr.lookup_one(
+            length=length, salt=salt, keys=keys, max_hit_blocks=max_hit_blocks
+        ).tolist()
+    r = mgr.lookup(
+        None,
+        [length],
+        salts=[salt],
+        keys=keys,
+        key_counts=[len(keys)],
+        max_hit_blocks=max_hit_blocks,
+    )
+    return [b for b in r.block_ids[0].tolist() if b >= 0]
+
+
+def test_admit_one_and_lookup_one_with_fewer_keys_than_blocks(make):
+    mgr = make(8, 2)
+    a, cached = admit_one(mgr, length=5, keys=K(1))  # 2 full blocks, 1 key
+    assert cached == 0 and table(mgr, a) == [0, 1, 2]
+    assert events(mgr) == [(STORED, 0, 1)]
+    assert lookup_one(mgr, length=5, keys=K(1)) == [0]
+    assert lookup_one(mgr, length=5, keys=K(1), max_hit_blocks=0) == []
+    with pytest.raises(kvnumba.SequenceTooLong):
+        lookup_one(mgr, length=mgr.max_seq_len + 1, keys=K(1))
+    b, cached = admit_one(mgr, [7, 7, 7, 7, 7], keys=K(1))  # token ids in keyed mode
+    assert cached == 2 and table(mgr, b) == [0, 3, 4]
+    mgr.check()
+
+
+def test_admit_one_with_fewer_keys_that_does_not_fit_is_pool_exhausted(make):
+    mgr = make(2, 2, max_seq_len=8)
+    probe = Probe(mgr)
+    before = probe.frozen()
+    with pytest.raises(kvnumba.PoolExhausted) as info:
+        admit_one(mgr, length=5, keys=K(1))
+    assert (info.value.needed, info.value.available) == (3, 2)
+    assert probe.frozen() == before and events(mgr) == []
+
+
+def test_admit_one_with_fewer_keys_on_a_page_pool(make):
+    mgr = make(4, 2, page_pool=make.pool(4), blocks_per_page=2)
+    a, cached = admit_one(mgr, length=5, keys=K(1))
+    assert cached == 0 and table(mgr, a) == [0, 1, 2]
+    b, cached = admit_one(mgr, length=3, keys=K(1))
+    assert cached == 2 and table(mgr, b) == [0, 3]
+    assert lookup_one(mgr, length=5, keys=K(1)) == [0]
+    assert events(mgr) == [(STORED, 0, 1)]
+    mgr.check()
