@@ -111,7 +111,8 @@ def hit_caps(value, count: int, name: str = "max_hit_blocks") -> np.ndarray | No
         if len(caps) != count:
             raise ValueError(f"{name} has {len(caps)} entries for {count} prompts")
     if caps.size and caps.min() < 0:
-        raise ValueError(f"{name} must be >= 0")
+        i = int(np.argmin(caps))
+        raise ValueError(f"{name}[{i}] = {int(caps[i])} is negative")
     return caps
 
 
