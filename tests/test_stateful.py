@@ -330,11 +330,6 @@ TestKernelsVersusReference = KernelsVersusReference.TestCase
 
 
 # ------------------------------------------------------------------------------ engine keys
-# A known disagreement of the kernels with the model (/work/scratch/notes/keys_disagreements.md),
-# stepped around here so that the machine keeps finding new ones; tests/test_keys.py pins it.
-# #7: admit_one falls back to the batched admit without key_counts (fewer keys than blocks).
-ONE_REQUEST_FALLBACK_DISAGREES = True
-
 HIGH = 1 << 63  # key words beyond int64, as a sha256 hash seen as uint64 words mostly has
 # Prompts share a few prefixes (system prompts, few-shot examples) so that keys hit often.
 BASES = ([0, 1, 2, 0, 1, 2, 0, 1], [1, 1, 1, 1, 1, 1], [2, 0, 2, 0])
@@ -514,8 +509,6 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
         keys = None
         if self.keyed:
             count = data.draw(st.integers(0, length // bs))
-            if ONE_REQUEST_FALLBACK_DISAGREES:
-                count = length // bs
             keys = np.array(self.keys_of(prompt, range(count)), dtype=np.uint64).reshape(-1, 4)
         tokens = prompt if with_tokens or not self.keyed else None
         kw = {} if keys is None else dict(keys=keys, key_counts=[len(keys)])
