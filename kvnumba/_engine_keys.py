@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvnumba import errors as E
-from kvnumba._inputs import index_array
+from kvnumba._inputs import hit_caps, index_array, key_rows
 from kvnumba._state import S_EVT_N
 from kvnumba.results import BlockEvents, LookupResult
 
@@ -30,20 +30,17 @@ def key_array(keys) -> np.ndarray:
     keys : array-like of shape (K, 4)
         Unsigned (or non-negative) integers: four 64-bit words per block.
     """
-    if type(keys) is np.ndarray and keys.dtype == _UINT64 and keys.flags.c_contiguous:
-        array = keys
-    else:
-        array = np.asarray(keys)
-        if array.size == 0 and array.dtype.kind not in "iub":
-            array = array.astype(np.uint64)
-        if array.dtype.kind not in "iu" or array.dtype == np.bool_:
-            raise TypeError(f"keys must be an integer array, got dtype {array.dtype}")
-        if array.dtype.kind == "i" and array.size and array.min() < 0:
-            raise ValueError("keys must be non-negative (four unsigned 64-bit words per block)")
-        array = np.ascontiguousarray(array, dtype=np.uint64)
-    if array.ndim != 2 or array.shape[1] != 4:
-        raise ValueError(f"keys must have shape (K, 4), got {array.shape}")
-    return array
+    if (
+        type(keys) is np.ndarray
+        and keys.dtype == _UINT64
+        and keys.ndim == 2
+        and keys.shape[1] == 4
+        and keys.flags.c_contiguous
+    ):
+        return keys
+    # Shared with the reference model: lists keep Python ints up to 2**64 - 1 (numpy alone
+    # would make a list with a word beyond int64 float64).
+    return key_rows(keys, "keys")
 
 
 def hash_to_key(block_hash: bytes) -> np.ndarray:
@@ -97,14 +94,8 @@ class EngineKeyCalls:
             key_counts = index_array(key_counts, "key_counts")
         elif key_counts is not None:
             raise ValueError("key_counts without keys")
-        if max_hit_blocks is None:
-            caps = None
-        elif np.ndim(max_hit_blocks) == 0:
-            if isinstance(max_hit_blocks, (bool, np.bool_)):
-                raise TypeError("max_hit_blocks must be an integer, not a bool")
-            caps = np.full(n, int(max_hit_blocks), dtype=np.int64)
-        else:
-            caps = index_array(max_hit_blocks, "max_hit_blocks")
+        # bool and float caps are TypeError, negative ones and a wrong length ValueError.
+        caps = hit_caps(max_hit_blocks, n)
         return tokens_in, has_tokens, lengths, salts, keys, key_counts, caps
 
     def _admit_engine(self, tokens, lengths, salts, keys, key_counts, max_hit_blocks, atomic):

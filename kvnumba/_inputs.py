@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numbers
 import operator
 import os
 
 import numpy as np
 
 _INT64_MAX = np.iinfo(np.int64).max
+_UINT64_LIMIT = 1 << 64
 
 
 def index_array(value, name: str) -> np.ndarray:
@@ -39,6 +41,79 @@ def index_array(value, name: str) -> np.ndarray:
     elif kind != "i":
         raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
     return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def key_rows(value, name: str = "keys") -> np.ndarray:
+    """A C-contiguous ``uint64[K, 4]`` array of engine block keys from an integer array-like.
+
+    An ndarray of unsigned integers is taken as it is, one of signed integers if no entry is
+    negative. Other input (lists, object arrays) may hold Python ints up to ``2**64 - 1``: a
+    vLLM sha256 block hash is ``np.frombuffer(h, np.uint64)``, and its words often exceed int64.
+    An empty list or tuple is zero keys.
+
+    Raises
+    ------
+    TypeError
+        For float, bool, string or other non-integer entries, and for a scalar.
+    ValueError
+        For a shape other than ``(K, 4)``, or an entry below 0 or beyond ``2**64 - 1``.
+    """
+    if type(value) is np.ndarray and value.dtype == np.uint64 and value.ndim == 2:
+        array = value  # the hot path; the shape is still checked below
+    elif isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        if value.dtype.kind == "i" and value.size and value.min() < 0:
+            raise ValueError(f"{name} must be non-negative (uint64 words)")
+        array = value
+    elif isinstance(value, np.ndarray) and value.dtype.kind != "O":
+        raise TypeError(f"{name} must hold integers, got dtype {value.dtype}")
+    else:
+        if isinstance(value, (str, bytes, bytearray)) or np.isscalar(value) or value is None:
+            raise TypeError(f"{name} must be a [K, 4] array-like of integers")
+        if isinstance(value, (list, tuple)) and len(value) == 0:
+            return np.empty((0, 4), dtype=np.uint64)
+        # Python ints of any size survive in an object array; numpy alone would turn a list with
+        # a word beyond int64 into float64.
+        array = np.array(value, dtype=object)
+        if array.ndim != 2 or array.shape[1] != 4:  # ragged rows make a 1-D array of lists
+            raise ValueError(f"{name} must have shape [K, 4], got {array.shape}")
+        for entry in array.flat:
+            if isinstance(entry, (bool, np.bool_)) or not isinstance(entry, numbers.Integral):
+                raise TypeError(f"{name} must hold integers, got {type(entry).__name__}")
+            if not 0 <= int(entry) < _UINT64_LIMIT:
+                raise ValueError(f"{name} holds {int(entry)}, outside the uint64 range")
+    if array.ndim != 2 or array.shape[1] != 4:
+        raise ValueError(f"{name} must have shape [K, 4], got {array.shape}")
+    if array.dtype == object:
+        return np.array([[int(w) for w in row] for row in array], dtype=np.uint64).reshape(-1, 4)
+    return np.ascontiguousarray(array, dtype=np.uint64)
+
+
+def hit_caps(value, count: int, name: str = "max_hit_blocks") -> np.ndarray | None:
+    """Per-prompt caps on cache hits: ``None`` (no cap), one int for all, or one per prompt.
+
+    Returns ``None`` or an int64 array of ``count`` caps, each ``>= 0``.
+
+    Raises
+    ------
+    TypeError
+        For a bool, float or other non-integer cap.
+    ValueError
+        For a negative cap, or an array whose length is not ``count``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        caps = np.full(count, int(value), dtype=np.int64)
+    elif isinstance(value, (bool, np.bool_, float, np.floating)):
+        raise TypeError(f"{name} must be an integer or a 1-D integer array-like, got {value!r}")
+    else:
+        caps = index_array(value, name)
+        if len(caps) != count:
+            raise ValueError(f"{name} has {len(caps)} entries for {count} prompts")
+    if caps.size and caps.min() < 0:
+        i = int(np.argmin(caps))
+        raise ValueError(f"{name}[{i}] = {int(caps[i])} is negative")
+    return caps
 
 
 def positive_int(value, name: str, error=ValueError) -> int:

@@ -172,11 +172,15 @@ class OneRequestCalls:
             if r is not None and r[0] == 0:
                 self._after_fast_commit(r)
                 return r[4], r[5]
+        # The keys are the first K full blocks, as on the fast path (the batched default
+        # would be every full block): a prompt that does not fit is PoolExhausted.
+        keyed = keys is not None and self._block_keys
         result = self.admit(
             None if tokens is None else tokens_in,
             [length],
             salts=[salt],
             keys=keys,
+            key_counts=[keys.shape[0]] if keyed else None,
             max_hit_blocks=max_hit_blocks,
         )
         return int(result.ids[0]), int(result.num_cached_tokens[0])
@@ -220,7 +224,14 @@ class OneRequestCalls:
             status, _, hits = self._k_lookup_one_keys(length, salt, keys, cap, *self._args)
             if status == 0:
                 return hits
-        result = self.lookup(None, [length], salts=[salt], keys=keys, max_hit_blocks=max_hit_blocks)
+        result = self.lookup(
+            None,
+            [length],
+            salts=[salt],
+            keys=keys,
+            key_counts=[keys.shape[0]],
+            max_hit_blocks=max_hit_blocks,
+        )
         return result.block_ids[0][result.block_ids[0] >= 0].astype(np.int64)
 
     def _after_fast_commit(self, result) -> None:

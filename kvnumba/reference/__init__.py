@@ -19,8 +19,10 @@ Model state (``N = num_blocks``):
   and written in place only afterwards; ``admit`` writes only to blocks it took itself, so a
   shallow copy of ``_tokens`` is a valid snapshot for rolling back an atomic ``admit``.
 * ``_key[b]`` / ``_hash[b]``: the prefix-cache key ``(previous hash, salt, tokens)`` of a full
-  block with known content and hashed parent, and its 64-bit hash; ``None`` otherwise.
+  block with known content and hashed parent, and its 64-bit hash; ``None`` otherwise. With
+  ``block_keys=True`` the engine's key ``(salt, w0, w1, w2, w3)`` and its word 0 instead.
 * ``_prefix``: key -> the registered block with that key (the first block that filled with it).
+* ``_events``: undrained block events ``(kind, block, key words)`` (``block_events=True``).
 * ``_lru``: registered blocks at refcount 0, least recently released first.
 * ``_free``: the LIFO free stack (bottom..top); every free block is scrubbed and unhashed.
 * per sequence slot: ``_gen``, ``_live``, ``_table`` (block ids), ``_len``, ``_salt``;
@@ -48,9 +50,12 @@ The package splits the model along the seams of the kernels (each module says wh
 * ``pool``: :class:`ReferencePagePool`;
 * ``blocks``: taking, releasing, evicting and scrubbing blocks (free stack and LRU list);
 * ``prefix``: the prefix table (registering full blocks, looking up a prompt's prefix);
+* ``keys``: engine block keys and block events (prompt parsing, hits, ``lookup``,
+  ``set_keys``, ``take_events``, the keyed part of ``check()``);
 * ``pages``: virtual pages on a page pool (buckets, map/unmap, sibling reclaim, trim);
 * ``calls``: ``append``, ``admit``, ``can_append`` and the call bookkeeping (snapshot, rollback,
   callbacks);
+* ``engine``: ``truncate``, ``evict``, ``reset_prefix_cache``;
 * ``checks``: ``check()``, the invariants recomputed from scratch;
 * ``manager``: :class:`ReferenceBlockManager`, composed of the mixins above.
 """

@@ -35,6 +35,7 @@ _STATE = (
     "_unknown",
     "_slots",
     "_counters",
+    "_events",
 )
 # Page state of a manager on a page pool, saved with deep copies (the lists inside are mutated).
 _PAGE_STATE = ("_unmapped", "_phys", "_page_free", "_buckets", "_cache_only")

@@ -6,6 +6,8 @@ refcount 0 sit on the LRU list ``_lru`` (least recently released first) until ev
 
 from __future__ import annotations
 
+from kvnumba.results import BlockEvents
+
 
 class BlocksMixin:
     """Block and LRU helpers of :class:`ReferenceBlockManager` (``_ref``, ``_tokens``, ``_key``,
@@ -35,6 +37,7 @@ class BlocksMixin:
     def _evict(self, block: int) -> None:
         """Forget cached ``block``: off the LRU list and the prefix table, recorded, counted."""
         del self._lru[block]
+        self._event(BlockEvents.REMOVED, block)
         del self._prefix[self._key[block]]
         self._evicted.append((block, self._hash[block], list(self._tokens[block])))
         self._counters["evictions"] += 1

@@ -20,6 +20,7 @@ from kvnumba.reference._common import (
     _blocks_for,
     _exhausted,
 )
+from kvnumba.reference.keys import _Prompt
 from kvnumba.results import AdmitResult, AppendResult
 
 
@@ -263,20 +264,20 @@ class CallsMixin:
         mappable = min(pages, len(self._unmapped))
         return needed <= free_mapped + len(self._lru) + mappable * self._k
 
-    def _admit_one(self, prompt: list[int], salt: int):
-        """Admit one prompt if it fits now.
+    def _admit_one(self, p: _Prompt):
+        """Admit prompt ``p`` if it fits now.
 
         Returns ``(needed, served)``: the blocks the prompt takes beyond its cache hits, and
         ``(id, cached tokens, slot mapping)`` or ``None`` if it did not fit (nothing changed).
         """
-        bs, length = self._block_size, len(prompt)
-        hits = self._lookup_prefix(prompt, salt)
+        bs, length = self._block_size, p.length
+        hits = self._hits(p)
         k = len(hits)
         needed = _blocks_for(length, bs) - k
         cached_hits = sum(1 for b in hits if self._ref[b] == 0)
         if needed > self._available() - cached_hits:
             return needed, None
-        slot = self._take_slot(salt)
+        slot = self._take_slot(p.salt)
         for block in hits:  # claim the hits before allocating, so they are never evicted
             if self._ref[block] == 0:
                 del self._lru[block]
@@ -286,26 +287,49 @@ class CallsMixin:
             self._table[slot].append(block)
         self._len[slot] = k * bs
         if self._prefix_caching:
-            self._counters["prefix_queries"] += (length - 1) // bs
+            self._counters["prefix_queries"] += self._hit_limit(p)
             self._counters["prefix_hits"] += k
         out: list[int] = []
-        self._grow(slot, length - k * bs, prompt[k * bs :], out, [])
+        rest = None if p.tokens is None else p.tokens[k * bs :]
+        self._grow(slot, length - k * bs, rest, out, [])
+        # Keys after allocation: its evictions' removed events precede its stored ones.
+        self._register_keys(slot, p, k)
         return needed, (self._seq_id(slot), k * bs, out)
 
-    def _prompt_need(self, prompt: list[int], salt: int) -> int:
-        return _blocks_for(len(prompt), self._block_size) - len(self._lookup_prefix(prompt, salt))
+    def _prompt_need(self, p: _Prompt) -> int:
+        return _blocks_for(p.length, self._block_size) - len(self._hits(p))
 
-    def admit(self, tokens, lengths, *, salts=None, atomic: bool = True) -> AdmitResult:
+    def admit(
+        self,
+        tokens,
+        lengths,
+        *,
+        salts=None,
+        keys=None,
+        key_counts=None,
+        max_hit_blocks=None,
+        atomic: bool = True,
+    ) -> AdmitResult:
         """Create one sequence per prompt, reusing cached blocks of the longest prefix.
 
         Parameters
         ----------
-        tokens : array-like of int, shape (sum(lengths),)
-            The prompts' token ids (``>= 0``), concatenated.
+        tokens : array-like of int, shape (sum(lengths),), or None
+            The prompts' token ids (``>= 0``), concatenated. ``None`` only with
+            ``block_keys=True``: content unknown (payload -1, never compared).
         lengths : array-like of int, shape (p,)
             Tokens per prompt, each ``>= 1``.
         salts : array-like of int, shape (p,), optional
             Cache salt per prompt (0 by default); blocks are shared only within one salt.
+        keys : array-like of int, shape (K, 4), optional
+            ``block_keys=True`` only: the engine's uint64 keys of the prompts' leading full
+            blocks, ``key_counts[i]`` rows per prompt in order. Hits are looked up by key, and
+            the keyed blocks that are not hits are registered under their keys.
+        key_counts : array-like of int, shape (p,), optional
+            Keys per prompt, ``0 <= key_counts[i] <= lengths[i] // block_size``, summing to
+            ``K``; ``lengths // block_size`` by default.
+        max_hit_blocks : int or array-like of int, shape (p,), optional
+            At most this many hit blocks per prompt (``>= 0``); no cap by default.
         atomic : bool, default True
             All prompts or none (raise ``PoolExhausted``); otherwise each prompt in order, all
             or nothing, failures reported in ``ok``.
@@ -320,38 +344,22 @@ class CallsMixin:
         Raises
         ------
         TypeError, ValueError
-            Bad input (dtype, shape, negative tokens, empty prompt, length mismatches).
+            Bad input (dtype, shape, negative tokens, empty prompt, length mismatches, keys or
+            ``tokens=None`` without ``block_keys=True``, bad key counts or caps).
         SequenceTooLong, TooManySequences
             A prompt beyond ``max_seq_len``; more prompts than free sequence slots.
         PoolExhausted
             Atomic mode only; ``needed`` sums ``blocks - hits`` over all prompts, with the hits
             of the failing and later prompts looked up at the failure point.
         """
-        tokens = _as_int_array(tokens, "tokens")
-        lengths = _as_int_array(lengths, "lengths")
-        if (lengths < 1).any():
-            raise ValueError("every prompt needs at least one token")
-        if len(tokens) != int(lengths.sum()):
-            raise ValueError(f"{len(tokens)} tokens given, lengths sum to {int(lengths.sum())}")
-        if (tokens < 0).any():
-            raise ValueError("token ids must be >= 0")
-        if salts is None:
-            salts = np.zeros(len(lengths), dtype=np.int64)
-        salts = _as_int_array(salts, "salts")
-        if len(salts) != len(lengths):
-            raise ValueError(f"{len(salts)} salts given for {len(lengths)} prompts")
-        for length in lengths:
-            if length > self._max_seq_len:
-                raise SequenceTooLong(-1, length, self._max_seq_len)
-        self._check_slots_free(len(lengths))
+        prompts = self._parse_prompts(tokens, lengths, salts, keys, key_counts, max_hit_blocks)
+        for p in prompts:
+            if p.length > self._max_seq_len:
+                raise SequenceTooLong(-1, p.length, self._max_seq_len)
+        self._check_slots_free(len(prompts))
+        return self._run(lambda: self._admit(prompts, atomic), atomic)
 
-        bounds = np.concatenate(([0], np.cumsum(lengths))).tolist()
-        flat = tokens.tolist()
-        prompts = [flat[bounds[i] : bounds[i + 1]] for i in range(len(lengths))]
-        salts = salts.tolist()
-        return self._run(lambda: self._admit(prompts, salts, atomic), atomic)
-
-    def _admit(self, prompts: list[list[int]], salts: list[int], atomic: bool) -> AdmitResult:
+    def _admit(self, prompts: list[_Prompt], atomic: bool) -> AdmitResult:
         """One attempt of :meth:`admit` on validated input (callbacks left pending)."""
         self._begin_call()
         available = self._available()
@@ -359,7 +367,7 @@ class CallsMixin:
         # ``free + cached``, so when the prompts' blocks sum to at most ``available`` the call
         # cannot fail and needs no rollback. Otherwise an atomic call of several prompts keeps
         # a snapshot (a single prompt is checked before anything changes).
-        total = sum(_blocks_for(len(p), self._block_size) for p in prompts)
+        total = sum(_blocks_for(p.length, self._block_size) for p in prompts)
         tight = atomic and len(prompts) > 1 and total > available
         snap = self._snapshot() if tight else None
 
@@ -368,23 +376,20 @@ class CallsMixin:
         ok = np.zeros(len(prompts), dtype=bool)
         out: list[int] = []
         needed_so_far = 0
-        for i, (prompt, salt) in enumerate(zip(prompts, salts, strict=True)):
-            needed, served = self._admit_one(prompt, salt)
+        for i, p in enumerate(prompts):
+            needed, served = self._admit_one(p)
             if served is None and atomic:
                 # later prompts: hits looked up at the failure point, before the rollback
-                later = sum(
-                    self._prompt_need(p, s)
-                    for p, s in zip(prompts[i + 1 :], salts[i + 1 :], strict=True)
-                )
+                later = sum(self._prompt_need(q) for q in prompts[i + 1 :])
                 # What the call lacks here: this prompt's cached hits use up capacity too.
-                cached_hits = sum(1 for b in self._lookup_prefix(prompt, salt) if self._ref[b] == 0)
+                cached_hits = sum(1 for b in self._hits(p) if self._ref[b] == 0)
                 shortfall = needed + later - (self._available() - cached_hits)
                 needed += needed_so_far + later
                 if snap is not None:
                     self._restore(snap)
                 raise _exhausted(needed, available, shortfall)
             if served is None:
-                out.extend([-1] * len(prompt))
+                out.extend([-1] * p.length)
                 continue
             ids[i], cached[i], slots = served
             ok[i] = True

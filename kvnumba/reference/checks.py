@@ -18,6 +18,7 @@ class ChecksMixin:
             Naming the first inconsistency found.
         """
         bs, nb = self._block_size, self._num_blocks
+        chained = not self._block_keys  # token mode: chained hashes (keyed: ``keys.py``)
 
         def fail(message: str):
             raise InvariantViolation(message)
@@ -45,10 +46,10 @@ class ChecksMixin:
                 refs[block] += 1
                 key = self._key[block]
                 prev = ROOT_HASH if j == 0 else self._hash[table[j - 1]]
-                if key is not None and (key[0] != prev or key[1] != self._salt[slot]):
+                if chained and key is not None and (key[0] != prev or key[1] != self._salt[slot]):
                     fail(f"block {block} of slot {slot}: hash chain or salt mismatch")
                 full = (j + 1) * bs <= length
-                eligible = self._prefix_caching and full and prev is not None
+                eligible = chained and self._prefix_caching and full and prev is not None
                 if key is None and eligible and block not in self._unknown:
                     fail(f"block {block} of slot {slot}: full known block without a hash")
             # A pinned tail is shared: the payload past this sequence's end is the others'.
@@ -84,9 +85,11 @@ class ChecksMixin:
             fail(f"{unused} unreferenced blocks, {len(free) + len(self._lru)} free/cached")
         if self._pool is not None:
             self._check_pages(fail)
+        if not chained:
+            self._check_keys(fail)
         for block in range(nb):
             key = self._key[block]
-            if key is None:
+            if key is None or not chained:
                 continue
             if tuple(self._tokens[block]) != key[2] or self._hash[block] != _hash64(key):
                 fail(f"block {block}: payload or hash does not match its key")

@@ -7,6 +7,7 @@ policy is the one of ``docs/design.md``, "Shrinking and engine conveniences".
 from __future__ import annotations
 
 from kvnumba.reference._common import _as_int_array, _blocks_for
+from kvnumba.results import BlockEvents
 
 
 class EngineMixin:
@@ -73,6 +74,7 @@ class EngineMixin:
     def _unhash(self, block: int) -> None:
         """Forget ``block``'s key (and its registration, if it is the registered one)."""
         if self._is_registered(block):
+            self._event(BlockEvents.REMOVED, block)
             del self._prefix[self._key[block]]
         self._key[block] = None
         self._hash[block] = None

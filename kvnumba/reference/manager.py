@@ -26,6 +26,7 @@ from kvnumba.reference.blocks import BlocksMixin
 from kvnumba.reference.calls import CallsMixin
 from kvnumba.reference.checks import ChecksMixin
 from kvnumba.reference.engine import EngineMixin
+from kvnumba.reference.keys import KeysMixin
 from kvnumba.reference.pages import PagesMixin
 from kvnumba.reference.pool import ReferencePagePool
 from kvnumba.reference.prefix import PrefixMixin
@@ -33,7 +34,7 @@ from kvnumba.results import Stats
 
 
 class ReferenceBlockManager(
-    EngineMixin, CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, ChecksMixin
+    KeysMixin, EngineMixin, CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, ChecksMixin
 ):
     """Pure-Python model of ``kvnumba.BlockManager`` (the test oracle and benchmark baseline).
 
@@ -63,6 +64,14 @@ class ReferenceBlockManager(
         ``id_tag`` to hand out the same ids as it does; a process-unique tag by default.
     reserved_blocks : int, default 0
         Blocks ``0 .. reserved_blocks - 1`` are never handed out; 0 with a page pool.
+    block_keys : bool, default False
+        Blocks are registered only under engine keys (``admit(keys=...)``, :meth:`set_keys`),
+        never by hashing their tokens (``reference.keys``).
+    block_events : bool, default False
+        Record stored/removed block events for :meth:`take_events`.
+    _hash_bits : int, default 64
+        Accepted for the kernels' test knob (it narrows their table hash to force collisions);
+        the model compares whole keys, so it changes nothing here.
 
     Raises
     ------
@@ -91,6 +100,9 @@ class ReferenceBlockManager(
         blocks_per_page: int | None = None,
         id_tag: int | None = None,
         reserved_blocks: int = 0,
+        block_keys: bool = False,
+        block_events: bool = False,
+        _hash_bits: int = 64,
     ):
         num_blocks = _as_int(num_blocks, "num_blocks")
         block_size = _as_int(block_size, "block_size")
@@ -123,6 +135,11 @@ class ReferenceBlockManager(
             )
         if reserved_blocks and page_pool is not None:
             raise InvalidGeometry("reserved_blocks must be 0 with a page pool")
+        if not 0 <= _as_int(_hash_bits, "_hash_bits") <= 64:
+            raise InvalidGeometry("_hash_bits must be in [0, 64]")
+        self._block_keys = bool(block_keys)
+        self._block_events = bool(block_events)
+        self._events: list[tuple[int, int, tuple]] = []  # (kind, block, key words), undrained
         self._reserved = reserved_blocks
         self._num_blocks = num_blocks
         self._block_size = block_size
@@ -213,6 +230,11 @@ class ReferenceBlockManager(
     def prefix_caching(self) -> bool:
         """Whether full blocks are registered and reused by :meth:`admit`."""
         return self._prefix_caching
+
+    @property
+    def block_keys(self) -> bool:
+        """Whether blocks are registered under engine keys instead of chained hashes."""
+        return self._block_keys
 
     @property
     def page_pool(self) -> ReferencePagePool | None:

@@ -7,6 +7,7 @@ tokens)``; the first block that filled with a key is the one registered in ``_pr
 from __future__ import annotations
 
 from kvnumba.reference._common import ROOT_HASH, _hash64
+from kvnumba.results import BlockEvents
 
 
 class PrefixMixin:
@@ -17,7 +18,7 @@ class PrefixMixin:
 
     def _register_if_full(self, slot: int, index: int) -> None:
         """Hash block ``index`` of sequence ``slot`` (just filled) and register it if new."""
-        if not self._prefix_caching:
+        if not self._prefix_caching or self._block_keys:  # keyed: only the engine's keys
             return
         table = self._table[slot]
         block = table[index]
@@ -30,7 +31,9 @@ class PrefixMixin:
         key = (prev, self._salt[slot], tuple(row))
         self._key[block] = key
         self._hash[block] = _hash64(key)
-        self._prefix.setdefault(key, block)  # the first block with this key stays registered
+        if key not in self._prefix:  # the first block with this key stays registered
+            self._prefix[key] = block
+            self._event(BlockEvents.STORED, block)
 
     def _lookup_prefix(self, prompt: list[int], salt: int) -> list[int]:
         """Registered blocks matching the prompt's leading full blocks (at most ``(L-1)//bs``)."""
