@@ -592,12 +592,13 @@ STEP_FIELDS = (
 )
 
 
-def fake_output(scheduler, so):
+def fake_output(scheduler, so, token_seed: dict[str, int]):
     """The ``ModelRunnerOutput`` a model runner would return for ``so``.
 
     One sampled token for each scheduled request that is past its prefill (a chunk that ends
     before the prompt's end samples nothing, as vLLM's runners discard it). The token id depends
-    on the request and its output length only, so every run generates the same tokens.
+    on the request's index in the stream (``token_seed``) and its output length only, so every
+    run, in this process or another, generates the same tokens.
     """
     from vllm.v1.outputs import ModelRunnerOutput
 
@@ -609,7 +610,7 @@ def fake_output(scheduler, so):
         if req.is_prefill_chunk:
             sampled.append([])
         else:
-            sampled.append([1000 + (hash(rid) + req.num_output_tokens * 7919) % 50_000])
+            sampled.append([1000 + (token_seed[rid] * 104_729 + req.num_output_tokens) % 50_000])
     return ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -620,7 +621,15 @@ def fake_output(scheduler, so):
     )
 
 
-def run_stream(engine: Engine, cls, label: str, stream: Stream, *, max_steps: int) -> RunResult:
+def run_stream(
+    engine: Engine,
+    cls,
+    label: str,
+    stream: Stream,
+    *,
+    max_steps: int,
+    expect_kvnumba: bool = False,
+) -> RunResult:
     """Drive one new scheduler of class ``cls`` through ``stream`` until every request ends.
 
     Parameters
@@ -635,6 +644,9 @@ def run_stream(engine: Engine, cls, label: str, stream: Stream, *, max_steps: in
         Requests; fresh ``Request`` objects are built for this run before the clock starts.
     max_steps : int
         Safety stop (a run that does not drain in this many steps is reported as an error).
+    expect_kvnumba : bool
+        The scheduler must have built kvnumba's manager; if it fell back to vLLM's, the run is
+        not made and reported as failed.
 
     Returns
     -------
@@ -645,9 +657,23 @@ def run_stream(engine: Engine, cls, label: str, stream: Stream, *, max_steps: in
     res.steps = steps
     requests = [engine.request(s) for s in stream.specs]
     arrivals = [s.arrival_step for s in stream.specs]
+    token_seed = {s.req_id: i for i, s in enumerate(stream.specs)}
     scheduler = engine.scheduler(cls)
     real_mgr = scheduler.kv_cache_manager
     res.manager_class = f"{type(real_mgr).__module__}.{type(real_mgr).__qualname__}"
+    if expect_kvnumba and "kvnumba" not in res.manager_class.lower():
+        # KVNumbaScheduler keeps vLLM's manager (with a log warning) for what it does not
+        # serve; a silent fallback would make this a vLLM-vs-vLLM run under kvnumba's name.
+        res.error = {
+            "step": 0,
+            "virtual_step": 0,
+            "phase": "construction",
+            "requests_added": 0,
+            "scheduled_this_step": None,
+            "exception": f"KVNumbaScheduler built {res.manager_class}, not kvnumba's manager",
+            "traceback": "",
+        }
+        return res
     meter = Meter()
     children = [c for c in ("block_pool", "coordinator") if hasattr(real_mgr, c)]
     scheduler.kv_cache_manager = TimedProxy(real_mgr, meter, children=children)
@@ -677,7 +703,7 @@ def run_stream(engine: Engine, cls, label: str, stream: Stream, *, max_steps: in
             so = scheduler.schedule()
             t1 = clock()
             phase = "update_from_output"
-            mro = fake_output(scheduler, so)
+            mro = fake_output(scheduler, so, token_seed)
             t2 = clock()
             outs = scheduler.update_from_output(so, mro)
             t3 = clock()
@@ -902,8 +928,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     w = p.add_argument_group("workload")
     w.add_argument("--workload", choices=("mooncake", "synthetic"), default="mooncake")
     w.add_argument("--trace", default=DEFAULT_TRACE)
-    w.add_argument("--num-requests", type=int, default=400)
-    w.add_argument("--offset", type=int, default=0, help="first trace row (mooncake)")
+    w.add_argument("--num-requests", type=int, default=1000)
+    w.add_argument(
+        "--offset",
+        type=int,
+        default=2400,
+        help="first trace row (mooncake; the trace's prefix reuse grows along it: rows "
+        "2400-3399 reuse 0.53 of their hash blocks among themselves, rows 0-999 0.17)",
+    )
     w.add_argument(
         "--hash-block-tokens",
         type=int,
@@ -926,7 +958,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     e = p.add_argument_group("engine")
     e.add_argument("--model", default="Qwen/Qwen3-0.6B")
     e.add_argument("--block-size", type=int, default=16)
-    e.add_argument("--num-blocks", type=int, default=8192)
+    e.add_argument(
+        "--num-blocks",
+        type=int,
+        default=12288,
+        help="KV pool blocks (12288 x 16 tokens hold about 40 mean Mooncake prompts at 128 "
+        "tokens per hash id: admission waits on the pool and there is some preemption)",
+    )
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument("--max-num-batched-tokens", type=int, default=8192)
     e.add_argument("--max-model-len", type=int, default=32768)
@@ -938,7 +976,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="comma-separated runs: vllm, kvnumba (kvnumba falls back to a second vllm run, "
         "labelled vllm-B, when the integration cannot be imported)",
     )
-    r.add_argument("--repeat", type=int, default=2, help="repetitions of every run (alternating)")
+    r.add_argument("--repeat", type=int, default=3, help="repetitions of every run (alternating)")
     r.add_argument("--warmup-requests", type=int, default=24, help="requests of the warm-up run")
     r.add_argument("--skip-steps", type=int, default=0, help="leading steps left out of stats")
     r.add_argument("--max-steps", type=int, default=200_000)
@@ -1007,7 +1045,14 @@ def main(argv=None) -> int:
             continue
         warmed.add(cls)
         t = time.perf_counter()
-        w = run_stream(engine, cls, f"warmup-{label}", warm, max_steps=args.max_steps)
+        w = run_stream(
+            engine,
+            cls,
+            f"warmup-{label}",
+            warm,
+            max_steps=args.max_steps,
+            expect_kvnumba=label == "kvnumba",
+        )
         log(f"warm-up {label}: {len(w.scheduled)} steps in {time.perf_counter() - t:.1f} s")
         if w.error:
             log(f"warm-up {label} failed: {w.error['exception']}")
@@ -1015,7 +1060,14 @@ def main(argv=None) -> int:
     for rep in range(args.repeat):
         order = plan if rep % 2 == 0 else plan[::-1]
         for label, cls in order:
-            res = run_stream(engine, cls, label, stream, max_steps=args.max_steps)
+            res = run_stream(
+                engine,
+                cls,
+                label,
+                stream,
+                max_steps=args.max_steps,
+                expect_kvnumba=label == "kvnumba",
+            )
             runs[label].append(res)
             log(
                 f"rep {rep} {label}: {len(res.scheduled)} steps, {res.wall_s:.1f} s"
