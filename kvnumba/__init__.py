@@ -22,7 +22,7 @@ from kvnumba.errors import (
     SequenceTooLong,
     TooManySequences,
 )
-from kvnumba.results import AdmitResult, AppendResult, Stats
+from kvnumba.results import AdmitResult, AppendResult, BlockEvents, LookupResult, Stats
 
 __version__ = "0.1.0"
 
@@ -35,6 +35,7 @@ _LAZY = {
 __all__ = [
     "AdmitResult",
     "AppendResult",
+    "BlockEvents",
     "BlockManager",
     "CallbackError",
     "InvalidGeometry",
@@ -42,6 +43,7 @@ __all__ = [
     "InvalidSequence",
     "InvariantViolation",
     "KVNumbaError",
+    "LookupResult",
     "PagePool",
     "PoolExhausted",
     "Sequence",

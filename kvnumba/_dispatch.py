@@ -23,6 +23,7 @@ _VEC = types.Array(types.int64, 1, "C")
 _ARENA = types.Array(types.uint8, 1, "C")
 _INT = types.int64
 _BOOL = types.boolean
+_KEYS = types.Array(types.uint64, 2, "C")
 
 SIGNATURES = {
     "k_new_sequences": (_INT,),
@@ -38,6 +39,12 @@ SIGNATURES = {
     "k_truncate": (_VEC, _VEC),
     "k_evict": (_VEC,),
     "k_reset_prefix_cache": (),
+    # Engine keys, hit caps and lookups (``block_keys``; ``kvnumba.integrations.vllm``).
+    "k_admit_capped": (_VEC, _VEC, _VEC, _BOOL, _VEC),
+    "k_admit_keys": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _KEYS, _VEC, _VEC),
+    "k_lookup": (_VEC, _VEC, _VEC, _VEC),
+    "k_lookup_keys": (_VEC, _VEC, _VEC, _BOOL, _KEYS, _VEC, _VEC),
+    "k_set_keys": (_VEC, _VEC, _VEC, _KEYS),
     # Managers on a page pool: the pool's arena is a third arena argument.
     "k_append_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _INT),
     "k_can_append_paged": (_VEC, _VEC),
@@ -50,10 +57,23 @@ SIGNATURES = {
     "k_truncate_paged": (_VEC, _VEC),
     "k_evict_paged": (_VEC,),
     "k_reset_prefix_cache_paged": (),
+    "k_admit_capped_paged": (_VEC, _VEC, _VEC, _BOOL, _VEC),
+    "k_admit_keys_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _KEYS, _VEC, _VEC),
 }
 #: Kernels a manager loads on first use even on a page pool (``manager._kernel``): rarely
 #: called, they would lengthen every paged manager's first construction.
-LAZY = frozenset({"k_truncate", "k_evict", "k_reset_prefix_cache"})
+LAZY = frozenset(
+    {
+        "k_truncate",
+        "k_evict",
+        "k_reset_prefix_cache",
+        "k_admit_capped",
+        "k_admit_keys",
+        "k_lookup",
+        "k_lookup_keys",
+        "k_set_keys",
+    }
+)
 #: Kernels taking the page pool's arena after the manager's two.
 PAGED = frozenset(name for name in SIGNATURES if "paged" in name or "give_up" in name)
 
@@ -121,7 +141,7 @@ def compile_all(names=None, progress=None) -> dict[str, float]:
 
 
 #: The kernels of a manager without a page pool (what the simulator and the benchmarks use).
-PLAIN = tuple(name for name in SIGNATURES if name not in PAGED)
+PLAIN = tuple(name for name in SIGNATURES if name not in PAGED and name not in LAZY)
 
 
 def prepare(names=PLAIN, stream=None) -> None:

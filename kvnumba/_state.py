@@ -55,6 +55,8 @@ M_START = 26
 M_ID_TAG = 27  # the manager's id tag (kvnumba._ids): the top bits of every id it hands out
 M_SLOT_BITS = 28  # bits of an id that hold the slot
 M_RESERVED = 29  # blocks 0 .. M_RESERVED-1 are never handed out (``reserved_blocks``)
+M_KEYED = 30  # 1: blocks are registered under engine keys (``block_keys``), never token hashes
+M_EVENTS = 31  # 1: registrations and removals are recorded as block events (``block_events``)
 META_SIZE = 32
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
@@ -68,6 +70,7 @@ S_MAP_N = 6  # pages mapped in this call (records in map_rec)
 S_UNMAP_N = 7  # pages unmapped in this call (records in unmap_rec)
 S_SAVED_PAYLOAD = 8  # S_EV_PAYLOAD before a logged give-up switched it on
 S_SHORT = 9  # blocks a failed call lacked at its failure point (what sibling reclaim must add)
+S_EVT_N = 10  # block events recorded and not yet collected by the facade (rows of ``evt``)
 SCR_SIZE = 16
 
 
@@ -80,7 +83,7 @@ SCR_SIZE = 16
 # A shape names its dimensions; ``new_state`` / ``new_scratch`` give them values.
 HEADER_SLOTS = 5
 H_OFFSET, H_NBYTES, H_ITEMSIZE, H_DIM0, H_DIM1 = range(HEADER_SLOTS)  # a field's header slots
-MAX_FIELDS = 40
+MAX_FIELDS = 48
 HEADER_BYTES = 8 * HEADER_SLOTS * MAX_FIELDS
 _ALIGN = 64
 
@@ -108,6 +111,12 @@ STATE_FIELDS = (
     Field("block_salt", np.int64, ("blocks",), "Salt of the sequence that filled the block."),
     Field("block_flags", np.uint8, ("blocks",), "``F_KNOWN | F_HASHED | F_REGISTERED`` bits."),
     Field("tokens", np.int64, ("blocks", "block_size"), "Token payload; -1 where no id is known."),
+    Field(
+        "block_key",
+        np.uint64,
+        ("key_blocks", "four"),
+        "Engine key (256 bits) of a hashed block with ``block_keys``; no rows without.",
+    ),
     Field("htab", np.int32, ("table",), "Open-addressing prefix table of registered block ids."),
     Field(
         "seq_table",
@@ -168,6 +177,12 @@ SCRATCH_FIELDS = (
     Field("map_rec", np.int64, ("pages", "two"), "(physical, virtual) of each page mapped."),
     Field("unmap_rec", np.int64, ("pages", "two"), "(physical, virtual) of each page unmapped."),
     Field("slots", np.int64, ("seqs",), "Room for the slots of a call's ids."),
+    Field(
+        "evt",
+        np.int64,
+        ("event_rows", "six"),
+        "Block events not yet collected: (kind, block, key words 0-3); rows only with events.",
+    ),
 )
 
 assert len(STATE_FIELDS) + len(SCRATCH_FIELDS) <= MAX_FIELDS
@@ -238,12 +253,15 @@ def state_dims(
     max_seqs: int,
     max_blocks_per_seq: int,
     blocks_per_page: int = 0,
+    block_keys: bool = False,
 ) -> dict[str, int]:
     """Values of the dimensions named in :data:`STATE_FIELDS`."""
     k = blocks_per_page
     return {
         "blocks": num_blocks,
         "block_size": block_size,
+        "key_blocks": num_blocks if block_keys else 0,
+        "four": 4,
         "table": table_capacity(num_blocks),
         "seqs": max_seqs,
         "blocks_per_seq": max_blocks_per_seq,
@@ -265,6 +283,8 @@ def new_state(
     blocks_per_page: int = 0,
     id_tag: int = 0,
     reserved_blocks: int = 0,
+    block_keys: bool = False,
+    block_events: bool = False,
 ) -> tuple[np.ndarray, State]:
     """Allocate the state arena of an empty manager.
 
@@ -283,6 +303,11 @@ def new_state(
     reserved_blocks : int
         Blocks ``0 .. reserved_blocks - 1`` kept off the free stack forever (0 with a page
         pool).
+    block_keys : bool
+        Whether blocks are registered under engine keys (a key row per block) instead of
+        chained token hashes.
+    block_events : bool
+        Whether registrations and removals are recorded as block events.
 
     Returns
     -------
@@ -293,7 +318,7 @@ def new_state(
         slot free (popped in slot order).
     """
     n, m, k = num_blocks, max_seqs, blocks_per_page
-    dims = state_dims(n, block_size, m, max_blocks_per_seq, k)
+    dims = state_dims(n, block_size, m, max_blocks_per_seq, k, block_keys)
     arena, v = _arena(STATE_FIELDS, dims)
     state = State(**v)
     state.lru_prev[:] = NIL
@@ -317,6 +342,8 @@ def new_state(
     meta[M_MAX_SEQ_LEN] = max_seq_len
     meta[M_ID_TAG] = id_tag
     meta[M_SLOT_BITS] = slot_bits(m)
+    meta[M_KEYED] = 1 if block_keys else 0
+    meta[M_EVENTS] = 1 if block_events else 0
     if k:
         # Every virtual page unmapped, popped in order 0, 1, ...; no block on the free stack.
         num_pages = dims["pages"]
@@ -335,10 +362,18 @@ def new_state(
 
 
 def scratch_dims(
-    block_size: int, max_seqs: int, rows: int, log_rows: int, payload: bool, num_pages: int = 0
+    block_size: int,
+    max_seqs: int,
+    rows: int,
+    log_rows: int,
+    payload: bool,
+    num_pages: int = 0,
+    event_rows: int = 0,
 ) -> dict[str, int]:
     """Values of the dimensions named in :data:`SCRATCH_FIELDS`."""
     return {
+        "event_rows": event_rows,
+        "six": 6,
         "log_rows": log_rows,
         "three": 3,
         "records": rows,
@@ -353,7 +388,13 @@ def scratch_dims(
 
 
 def new_scratch(
-    block_size: int, max_seqs: int, rows: int, log_rows: int, payload: bool, num_pages: int = 0
+    block_size: int,
+    max_seqs: int,
+    rows: int,
+    log_rows: int,
+    payload: bool,
+    num_pages: int = 0,
+    event_rows: int = 0,
 ):
     """Allocate the scratch arena (grown by the facade when a call needs more room).
 
@@ -369,6 +410,9 @@ def new_scratch(
         Whether evicted payloads are copied (``on_evict`` set, or room for a logged call).
     num_pages : int
         Virtual pages (with a page pool): room for the pages one call maps and unmaps.
+    event_rows : int
+        Block events one call can record (0 without ``block_events``; a call registers and
+        removes at most ``2 * num_blocks``).
 
     Returns
     -------
@@ -376,7 +420,7 @@ def new_scratch(
     views : dict
         Views named as in :data:`SCRATCH_FIELDS`.
     """
-    dims = scratch_dims(block_size, max_seqs, rows, log_rows, payload, num_pages)
+    dims = scratch_dims(block_size, max_seqs, rows, log_rows, payload, num_pages, event_rows)
     return _arena(SCRATCH_FIELDS, dims)
 
 

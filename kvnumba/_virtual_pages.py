@@ -147,6 +147,7 @@ class PagedCalls:
         with self._pool.lock():
             self._ensure_records(int(self._s.meta[M_CACHED]))
             done = int(self._k_give_up(self._num_pages, False, *self._pargs))
+        self._collect_events()
         deliver_all((self._deliver_evictions, self._deliver_unmaps), done, pending)
         return done
 
@@ -227,6 +228,7 @@ class PagedCalls:
     def _commit_give_up(self) -> None:
         """Keep a logged give-up (a starving sibling used the pages)."""
         self._k_commit_give_up(*self._pargs)
+        self._collect_events()
 
     def _rollback_give_up(self) -> None:
         """Undo a logged give-up: the pages are this manager's again, byte for byte."""

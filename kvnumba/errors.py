@@ -23,6 +23,12 @@ ST_BAD_LENGTH = 11  # a prompt of length < 1
 ST_BAD_NEW_LEN = 12  # truncate: a new length below 0 or above the sequence's length
 ST_BAD_BLOCK = 13  # evict: a block id outside the pool
 ST_BLOCK_IN_USE = 14  # evict: a block that a sequence references
+ST_BAD_KEY_COUNT = (
+    15  # key_counts[i] outside [0, lengths[i] // block_size], or not summing to len(keys)
+)
+ST_BAD_CAP = 16  # a negative max_hit_blocks
+ST_BAD_KEY_POSITION = 17  # set_keys: a position that is not a full block of the sequence
+ST_KEY_CONFLICT = 18  # set_keys: a block that already has another key
 
 
 class KVNumbaError(Exception):

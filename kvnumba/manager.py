@@ -17,6 +17,7 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._dispatch import compiled
+from kvnumba._engine_keys import EngineKeyCalls
 from kvnumba._ids import new_tag, split_id
 from kvnumba._inputs import check_state_bytes, index_array, positive_int
 from kvnumba._kernels.check import MESSAGES
@@ -105,7 +106,7 @@ DEFAULT_MAX_SEQS = 1024
 DEFAULT_MAX_SEQ_LEN = 32768
 
 
-class BlockManager(PagedCalls):
+class BlockManager(PagedCalls, EngineKeyCalls):
     """A paged KV-cache block manager over a fixed pool of equal-size blocks.
 
     Parameters
@@ -140,6 +141,13 @@ class BlockManager(PagedCalls):
         never free, cached or used, so ``stats()`` counts ``num_blocks - reserved_blocks``.
         ``0 <= reserved_blocks < num_blocks``; must be 0 with a page pool
         (``docs/design.md``, "Shrinking and engine conveniences").
+    block_keys : bool, default False
+        Register full blocks under the engine's own 256-bit keys (``admit(keys=...)``,
+        :meth:`set_keys`) instead of kvnumba's chained token hashes; ``tokens`` may then be
+        None (content unknown). Adds 32 bytes per block.
+    block_events : bool, default False
+        Record a stored event when a block is registered and a removed event when a
+        registered block is evicted or unregistered; drained by :meth:`take_events`.
 
     Notes
     -----
@@ -160,6 +168,8 @@ class BlockManager(PagedCalls):
         blocks_per_page: int | None = None,
         max_state_bytes: int | None = None,
         reserved_blocks: int = 0,
+        block_keys: bool = False,
+        block_events: bool = False,
         _hash_bits: int = 64,
     ):
         geometry = E.InvalidGeometry
@@ -183,6 +193,7 @@ class BlockManager(PagedCalls):
             raise geometry("reserved_blocks must be 0 with a page pool")
         if on_evict is not None and not callable(on_evict):
             raise TypeError("on_evict must be callable")
+        block_keys, block_events = _flag(block_keys), _flag(block_events)
         if not 0 <= _hash_bits <= 64:
             raise geometry("_hash_bits must be in [0, 64]")
         blocks_per_seq = -(-max_seq_len // block_size)
@@ -194,6 +205,8 @@ class BlockManager(PagedCalls):
             blocks_per_page,
             on_evict,
             max_state_bytes,
+            block_keys,
+            block_events,
         )
         self._num_blocks = num_blocks
         self._block_size = block_size
@@ -213,7 +226,11 @@ class BlockManager(PagedCalls):
             blocks_per_page,
             self._id_tag,
             reserved_blocks,
+            block_keys,
+            block_events,
         )
+        self._init_keys(block_keys, block_events)
+        self._event_rows = 2 * num_blocks + 8 if block_events else 0
         self._reserved = reserved_blocks
         self._k = blocks_per_page
         self._num_pages = num_blocks // blocks_per_page if blocks_per_page else 0
@@ -230,18 +247,28 @@ class BlockManager(PagedCalls):
 
     @staticmethod
     def _check_state_bytes(
-        num_blocks, block_size, max_seqs, blocks_per_seq, k, on_evict, max_state_bytes
+        num_blocks,
+        block_size,
+        max_seqs,
+        blocks_per_seq,
+        k,
+        on_evict,
+        max_state_bytes,
+        block_keys=False,
+        block_events=False,
     ) -> None:
         """``InvalidGeometry`` if the state and first scratch arenas exceed the memory bound."""
         if max_state_bytes is not None:
             max_state_bytes = positive_int(max_state_bytes, "max_state_bytes", E.InvalidGeometry)
         num_pages = num_blocks // k if k else 0
         state = arena_bytes(
-            STATE_FIELDS, state_dims(num_blocks, block_size, max_seqs, blocks_per_seq, k)
+            STATE_FIELDS,
+            state_dims(num_blocks, block_size, max_seqs, blocks_per_seq, k, block_keys),
         )
+        event_rows = 2 * num_blocks + 8 if block_events else 0
         scratch = arena_bytes(
             SCRATCH_FIELDS,
-            scratch_dims(block_size, max_seqs, 64, 64, on_evict is not None, num_pages),
+            scratch_dims(block_size, max_seqs, 64, 64, on_evict is not None, num_pages, event_rows),
         )
         check_state_bytes(
             state + scratch,
@@ -255,7 +282,13 @@ class BlockManager(PagedCalls):
         old = getattr(self, "_x", None)
         payload = payload or self._on_evict is not None
         self._scratch, self._x = new_scratch(
-            self._block_size, self._max_seqs, rows, log_rows, payload, self._num_pages
+            self._block_size,
+            self._max_seqs,
+            rows,
+            log_rows,
+            payload,
+            self._num_pages,
+            self._event_rows,
         )
         if old is None:
             self._x["scr"][S_EV_PAYLOAD] = 1 if self._on_evict is not None else 0
@@ -429,6 +462,8 @@ class BlockManager(PagedCalls):
                 if atomic is not True and self._scr[S_FAILED]:
                     self._failed_calls += 1
                 out = _new_append_result(first[RESULT])
+                if self._event_chunks is not None:
+                    self._collect_events()
                 if self._on_evict is not None:
                     deliver_all((self._deliver_evictions,), out)
                 return out
@@ -443,17 +478,39 @@ class BlockManager(PagedCalls):
             counts=counts,
         )
 
-    def admit(self, tokens, lengths, *, salts=None, atomic: bool = True) -> AdmitResult:
+    def admit(
+        self,
+        tokens,
+        lengths,
+        *,
+        salts=None,
+        keys=None,
+        key_counts=None,
+        max_hit_blocks=None,
+        atomic: bool = True,
+    ) -> AdmitResult:
         """Create one sequence per prompt, reusing the longest cached prefix of each.
 
         Parameters
         ----------
-        tokens : 1-D integer array-like
-            All prompts' token ids (>= 0), concatenated.
+        tokens : 1-D integer array-like, or None
+            All prompts' token ids (>= 0), concatenated. None only with ``block_keys=True``:
+            the blocks' content is unknown then (the payload reads -1) and only keys match.
         lengths : 1-D integer array-like
             Tokens per prompt (each >= 1).
         salts : 1-D integer array-like, optional
             Per-prompt cache salt (default 0); blocks are never shared across salts.
+        keys : integer array-like of shape (K, 4), optional
+            ``block_keys=True`` only: the engine's keys of the prompts' leading full blocks,
+            ``key_counts[i]`` rows per prompt, in prompt order. Hits are the longest run of
+            leading keys whose blocks are registered with an equal key (all 256 bits), salt
+            and, when both are known, tokens; the prompt's other keyed blocks are registered
+            after allocation (unless a matching block is).
+        key_counts : 1-D integer array-like, optional
+            Keys per prompt, each ``<= lengths[i] // block_size``; default
+            ``lengths // block_size``.
+        max_hit_blocks : int or 1-D integer array-like, optional
+            Cap on the blocks reused per prompt (e.g. what an engine's lookup decided).
         atomic : bool, default True
             All prompts or none; otherwise prompts are served in order, each all-or-nothing.
 
@@ -472,6 +529,13 @@ class BlockManager(PagedCalls):
         CallbackError
             If a callback raised after the call committed; ``.result`` is the result.
         """
+        atomic = _flag(atomic)
+        if keys is not None or max_hit_blocks is not None or tokens is None or self._block_keys:
+            return self._admit_engine(
+                tokens, lengths, salts, keys, key_counts, max_hit_blocks, atomic
+            )
+        if key_counts is not None:
+            raise ValueError("key_counts without keys")
         tokens_in = index_array(tokens, "tokens")
         lengths = index_array(lengths, "lengths")
         if salts is None:
@@ -482,16 +546,35 @@ class BlockManager(PagedCalls):
                 raise ValueError(
                     f"salts has {salts.shape[0]} entries for {lengths.shape[0]} prompts"
                 )
-        prompts, atomic = lengths.shape[0], _flag(atomic)
+        return self._run_admit(
+            self._k_admit, (tokens_in, lengths, salts, atomic), atomic, lengths, tokens_in
+        )
+
+    def _run_admit(self, kernel, args, atomic, lengths, tokens_in, **context):
+        """Run an admit kernel through :meth:`_run` (record buffers sized for its prompts)."""
+        prompts = lengths.shape[0]
         return self._run(
-            self._k_admit,
-            (tokens_in, lengths, salts, atomic),
+            kernel,
+            args,
             atomic=atomic,
             grow=lambda r: self._grow_records(min(r[NEEDED], self._num_blocks), r[NEEDED], prompts),
             build=_new_admit_result,
             lengths=lengths,
             tokens=tokens_in,
+            **context,
         )
+
+    def _lazy_kernel(self, name: str):
+        """Entry kernel ``name`` (its paged variant on a page pool, where one exists),
+        compiled or loaded on first use, before any lock is taken."""
+        from kvnumba._dispatch import SIGNATURES
+
+        if self._pool is not None and name + "_paged" in SIGNATURES:
+            name += "_paged"
+        kernel = _KERNELS.get(name)
+        if kernel is None:
+            kernel = _KERNELS[name] = compiled(name)
+        return kernel
 
     def fork(self, ids, n: int = 1) -> np.ndarray:
         """Give every sequence ``n`` children that share all of its blocks.
@@ -760,6 +843,8 @@ class BlockManager(PagedCalls):
         if not atomic and self._scr[S_FAILED]:  # set by a partial append or admit only
             self._failed_calls += 1
         out = None if build is None else build(result[RESULT])
+        if self._event_chunks is not None:
+            self._collect_events()
         if self._pool is not None:
             self._deliver_paged(givers, out, pending)
         elif self._on_evict is not None:
@@ -791,8 +876,23 @@ class BlockManager(PagedCalls):
         available=0,
         new_lens=None,
         blocks=None,
+        key_counts=None,
+        caps=None,
     ):
         """Raise the typed exception of a kernel status (the kernel changed nothing)."""
+        if status == E.ST_BAD_KEY_COUNT:
+            if bad < 0:
+                raise ValueError(
+                    "key_counts needs one entry per prompt and must sum to the rows of keys"
+                )
+            raise ValueError(
+                f"key_counts[{bad}] = {int(key_counts[bad])} is outside [0, lengths[{bad}] // "
+                f"block_size = {int(lengths[bad]) // self._block_size}]"
+            )
+        if status == E.ST_BAD_CAP:
+            if bad < 0:
+                raise ValueError("max_hit_blocks needs one entry per prompt")
+            raise ValueError(f"max_hit_blocks[{bad}] = {int(caps[bad])} is negative")
         if status == E.ST_POOL_EXHAUSTED:
             self._failed_calls += 1
             raise E.PoolExhausted(needed, available)

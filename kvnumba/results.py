@@ -50,6 +50,43 @@ class AdmitResult(NamedTuple):
     ok: np.ndarray
 
 
+class LookupResult(NamedTuple):
+    """What ``BlockManager.lookup`` found (nothing claimed).
+
+    Attributes
+    ----------
+    num_cached_tokens : numpy.ndarray of int64, shape (num_prompts,)
+        Prompt tokens ``admit`` would serve from cached blocks now (whole blocks).
+    block_ids : numpy.ndarray of int32, shape (num_prompts, width)
+        The hit blocks of each prompt, in order, padded with -1; ``width`` is the most hits.
+    """
+
+    num_cached_tokens: np.ndarray
+    block_ids: np.ndarray
+
+
+class BlockEvents(NamedTuple):
+    """Block events drained by ``BlockManager.take_events``, in the order they happened.
+
+    Attributes
+    ----------
+    kind : numpy.ndarray of uint8, shape (n,)
+        ``STORED`` (1): the block was registered under ``key``; ``REMOVED`` (2): a registered
+        block was evicted or unregistered.
+    block : numpy.ndarray of int32, shape (n,)
+        The block id.
+    key : numpy.ndarray of uint64, shape (n, 4)
+        Its engine key (``block_keys``), or its chained hash and three zero words.
+    """
+
+    kind: np.ndarray
+    block: np.ndarray
+    key: np.ndarray
+
+    STORED = 1
+    REMOVED = 2
+
+
 @dataclass(frozen=True)
 class Stats:
     """Counters of one manager; ``used + cached + free == num_blocks`` always.

@@ -13,8 +13,8 @@ from kvnumba._kernels.views import Views
 def views(arena, scratch, pool):
     """Named views of a manager's arenas; ``pool`` is the page pool's arena (for a
     manager without one, any uint8 array: it is never read)."""
-    h = carve(arena, 0, (200,), np.int64)
-    g = carve(scratch, 0, (200,), np.int64)
+    h = carve(arena, 0, (240,), np.int64)
+    g = carve(scratch, 0, (240,), np.int64)
     return Views(
         carve(arena, h[0], (h[1] >> 2,), np.int32),  # ref
         carve(arena, h[5], (h[6] >> 2,), np.int32),  # lru_prev
@@ -24,27 +24,28 @@ def views(arena, scratch, pool):
         carve(arena, h[25], (h[26] >> 3,), np.int64),  # block_salt
         carve(arena, h[30], (h[31],), np.uint8),  # block_flags
         carve(arena, h[35], (h[38], h[39]), np.int64),  # tokens
-        carve(arena, h[40], (h[41] >> 2,), np.int32),  # htab
-        carve(arena, h[45], (h[48], h[49]), np.int32),  # seq_table
-        carve(arena, h[50], (h[51] >> 3,), np.int64),  # seq_len
-        carve(arena, h[55], (h[56] >> 3,), np.int64),  # seq_gen
-        carve(arena, h[60], (h[61] >> 3,), np.int64),  # seq_salt
-        carve(arena, h[65], (h[66],), np.uint8),  # seq_live
-        carve(arena, h[70], (h[71] >> 2,), np.int32),  # seq_pin
-        carve(arena, h[75], (h[76] >> 2,), np.int32),  # slot_stack
-        carve(arena, h[80], (h[81] >> 3,), np.int64),  # meta
-        carve(arena, h[85], (h[86] >> 2,), np.int32),  # page_phys
-        carve(arena, h[90], (h[91] >> 2,), np.int32),  # page_free
-        carve(arena, h[95], (h[96] >> 2,), np.int32),  # page_used
-        carve(arena, h[100], (h[101] >> 2,), np.int32),  # page_head
-        carve(arena, h[105], (h[106] >> 2,), np.int32),  # bucket_prev
-        carve(arena, h[110], (h[111] >> 2,), np.int32),  # bucket_next
-        carve(arena, h[115], (h[116] >> 2,), np.int32),  # co_prev
-        carve(arena, h[120], (h[121] >> 2,), np.int32),  # co_next
-        carve(arena, h[125], (h[126] >> 2,), np.int32),  # vstack
-        carve(arena, h[130], (h[131] >> 3,), np.int64),  # page_stamp
-        carve(arena, h[135], (h[136] >> 2,), np.int32),  # block_next
-        carve(arena, h[140], (h[141] >> 2,), np.int32),  # buckets
+        carve(arena, h[40], (h[43], h[44]), np.uint64),  # block_key
+        carve(arena, h[45], (h[46] >> 2,), np.int32),  # htab
+        carve(arena, h[50], (h[53], h[54]), np.int32),  # seq_table
+        carve(arena, h[55], (h[56] >> 3,), np.int64),  # seq_len
+        carve(arena, h[60], (h[61] >> 3,), np.int64),  # seq_gen
+        carve(arena, h[65], (h[66] >> 3,), np.int64),  # seq_salt
+        carve(arena, h[70], (h[71],), np.uint8),  # seq_live
+        carve(arena, h[75], (h[76] >> 2,), np.int32),  # seq_pin
+        carve(arena, h[80], (h[81] >> 2,), np.int32),  # slot_stack
+        carve(arena, h[85], (h[86] >> 3,), np.int64),  # meta
+        carve(arena, h[90], (h[91] >> 2,), np.int32),  # page_phys
+        carve(arena, h[95], (h[96] >> 2,), np.int32),  # page_free
+        carve(arena, h[100], (h[101] >> 2,), np.int32),  # page_used
+        carve(arena, h[105], (h[106] >> 2,), np.int32),  # page_head
+        carve(arena, h[110], (h[111] >> 2,), np.int32),  # bucket_prev
+        carve(arena, h[115], (h[116] >> 2,), np.int32),  # bucket_next
+        carve(arena, h[120], (h[121] >> 2,), np.int32),  # co_prev
+        carve(arena, h[125], (h[126] >> 2,), np.int32),  # co_next
+        carve(arena, h[130], (h[131] >> 2,), np.int32),  # vstack
+        carve(arena, h[135], (h[136] >> 3,), np.int64),  # page_stamp
+        carve(arena, h[140], (h[141] >> 2,), np.int32),  # block_next
+        carve(arena, h[145], (h[146] >> 2,), np.int32),  # buckets
         carve(scratch, g[0], (g[3], g[4]), np.int64),  # ulog
         carve(scratch, g[5], (g[6] >> 3,), np.int64),  # ev_ids
         carve(scratch, g[10], (g[11] >> 3,), np.uint64),  # ev_hash
@@ -55,6 +56,7 @@ def views(arena, scratch, pool):
         carve(scratch, g[35], (g[38], g[39]), np.int64),  # map_rec
         carve(scratch, g[40], (g[43], g[44]), np.int64),  # unmap_rec
         carve(scratch, g[45], (g[46] >> 3,), np.int64),  # slots
+        carve(scratch, g[50], (g[53], g[54]), np.int64),  # evt
         arena,
         scratch,
         pool,

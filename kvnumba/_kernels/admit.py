@@ -5,7 +5,8 @@ import numpy as np
 from kvnumba._kernels.append import append_general
 from kvnumba._kernels.blocks import claim_cached
 from kvnumba._kernels.geometry import blocks_of
-from kvnumba._kernels.jit import out_of_line
+from kvnumba._kernels.jit import inlined, out_of_line
+from kvnumba._kernels.keys import lookup_keys, register_key
 from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
 from kvnumba._kernels.rollback import rollback
 from kvnumba._kernels.sequences import open_slot
@@ -24,6 +25,7 @@ from kvnumba._state import (
     M_SLOT_TOP,
     S_EV_N,
     S_EV_PAYLOAD,
+    S_EVT_N,
     S_FAILED,
     S_LOG_N,
     S_LOG_ON,
@@ -32,6 +34,8 @@ from kvnumba._state import (
     S_UNMAP_N,
 )
 from kvnumba.errors import (
+    ST_BAD_CAP,
+    ST_BAD_KEY_COUNT,
     ST_BAD_LENGTH,
     ST_BAD_TOKEN,
     ST_NEED_BUFFERS,
@@ -44,12 +48,12 @@ from kvnumba.errors import (
 
 
 @out_of_line
-def lookup_prefix(v, prompt, salt, hits):
+def lookup_prefix(v, prompt, salt, limit, hits):
     """Registered blocks matching the prompt's leading full blocks, in order, into ``hits``.
 
-    At most ``(len(prompt) - 1) // block_size`` blocks are looked up (the last prompt token is
-    always computed); the walk stops at the first miss. Returns (hits, hits at refcount 0).
-    Once per prompt, out of line.
+    At most ``limit`` blocks are looked up (the caller's cap, never more than
+    ``(len(prompt) - 1) // block_size``: the last prompt token is always computed); the walk
+    stops at the first miss. Returns (hits, hits at refcount 0). Once per prompt, out of line.
     """
     if v.meta[M_PREFIX_CACHING] == 0:
         return 0, 0
@@ -57,7 +61,7 @@ def lookup_prefix(v, prompt, salt, hits):
     parent = root_hash()
     num_hits = 0
     num_cached = 0
-    for pos in range((prompt.shape[0] - 1) // block_size):
+    for pos in range(limit):
         chunk = prompt[pos * block_size : (pos + 1) * block_size]
         h = chain_hash(parent, salt, chunk, v.meta[M_HASH_BITS])
         b = table_find(v, h, salt, chunk)
@@ -71,12 +75,51 @@ def lookup_prefix(v, prompt, salt, hits):
     return num_hits, num_cached
 
 
+@inlined
+def prompt_hits(v, p, prompt, row, length, salt, has_tokens, key_rows, caps, hits):
+    """Cache hits of prompt ``p`` (token hashes, or its keys from row ``row``): (hits, hits
+    at refcount 0). ``key_rows`` and ``caps`` are None when not given: numba prunes those
+    branches, so a token-mode admit compiles without the key code."""
+    limit = (length - 1) // v.tokens.shape[1]
+    if caps is not None:
+        limit = min(limit, caps[p])
+    if key_rows is None:
+        return lookup_prefix(v, prompt, salt, limit, hits)
+    keys, key_counts = key_rows
+    return lookup_keys(v, keys, row, key_counts[p], salt, prompt, has_tokens, limit, hits)
+
+
+@inlined
+def validate_keys(lengths, block_size, key_rows, caps):
+    """(status, bad) of the key counts and hit caps of an admit or lookup."""
+    if caps is not None:
+        if caps.shape[0] != lengths.shape[0]:
+            return ST_BAD_CAP, -1
+        for p in range(caps.shape[0]):
+            if caps[p] < 0:
+                return ST_BAD_CAP, p
+    if key_rows is not None:
+        keys, key_counts = key_rows
+        if key_counts.shape[0] != lengths.shape[0]:
+            return ST_BAD_KEY_COUNT, -1
+        rows = 0
+        for p in range(lengths.shape[0]):
+            if key_counts[p] < 0 or key_counts[p] > max(lengths[p], 0) // block_size:
+                return ST_BAD_KEY_COUNT, p
+            rows += key_counts[p]
+        if rows != keys.shape[0]:
+            return ST_BAD_KEY_COUNT, -1
+    return ST_OK, -1
+
+
 @out_of_line
-def validate_admit(tokens_in, lengths, salts, arena, scratch):
-    """Check an admit request; returns (status, bad, total tokens, total blocks, most blocks).
+def validate_admit(tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps):
+    """Check an admit (or lookup) request; returns (status, bad, total tokens, total blocks,
+    most blocks).
 
     Value errors first, then too long, then too many, as the reference model. Validation takes
-    precedence over capacity and changes nothing.
+    precedence over capacity and changes nothing. Without token ids (``has_tokens`` False,
+    engine keys only) ``tokens_in`` is empty and the prompts' lengths are their sizes.
     """
     v = views(arena, scratch, scratch)
     max_len = v.meta[M_MAX_SEQ_LEN]
@@ -90,7 +133,9 @@ def validate_admit(tokens_in, lengths, salts, arena, scratch):
         if lengths[p] < 1:
             return ST_BAD_LENGTH, p, 0, 0, 0
         # Compared with len(tokens) without ever exceeding it, so the sum cannot wrap.
-        if lengths[p] > tokens_in.shape[0] - total:
+        if not has_tokens:
+            total += min(lengths[p], max_len + 1)
+        elif lengths[p] > tokens_in.shape[0] - total:
             mismatch = True
         else:
             total += lengths[p]
@@ -98,11 +143,14 @@ def validate_admit(tokens_in, lengths, salts, arena, scratch):
         blocks = blocks_of(min(lengths[p], max_len + 1), block_size)
         bound += blocks
         longest = max(longest, blocks)
-    if mismatch or total != tokens_in.shape[0] or salts.shape[0] != num_prompts:
+    if has_tokens and (mismatch or total != tokens_in.shape[0]) or salts.shape[0] != num_prompts:
         return ST_TOKEN_MISMATCH, -1, 0, 0, 0
-    for j in range(total):
+    for j in range(tokens_in.shape[0]):
         if tokens_in[j] < 0:
             return ST_BAD_TOKEN, j, 0, 0, 0
+    status, bad = validate_keys(lengths, block_size, key_rows, caps)
+    if status != ST_OK:
+        return status, bad, 0, 0, 0
     for p in range(num_prompts):
         if lengths[p] > max_len:
             return ST_TOO_LONG, p, 0, 0, 0
@@ -114,13 +162,14 @@ def validate_admit(tokens_in, lengths, salts, arena, scratch):
 @out_of_line
 def run_admit(
     tokens_in, lengths, salts, atomic, bound, ids, num_cached_tokens, slot_mapping, ok, hits,
-    no_pairs, arena, scratch, pool,
+    no_pairs, arena, scratch, pool, has_tokens, key_rows, caps,
 ):  # fmt: skip
     """Admit validated prompts; returns (status, failing prompt, needed, available, slots used).
 
     ``ids`` arrives filled with -1 and ``num_cached_tokens`` with 0; every entry of
     ``slot_mapping`` up to the returned count is written;
-    ``hits`` has room for one sequence's blocks.
+    ``hits`` has room for one sequence's blocks. ``key_rows`` is None or (keys, key_counts)
+    with engine keys; ``caps`` None or the per-prompt caps on hit blocks.
     """
     v = views(arena, scratch, pool)
     meta, scr = v.meta, v.scr
@@ -151,17 +200,21 @@ def run_admit(
         scr[S_LOG_ON] = 1
         scr[S_EV_PAYLOAD] = 1
     scr[S_EV_N] = 0
+    scr[S_EVT_N] = 0
     scr[S_FAILED] = 0
     scr[S_MAP_N] = 0
     scr[S_UNMAP_N] = 0
     out = np.int64(0)  # not literals: see run_append
-    start = np.int64(0)
+    start = np.int64(0)  # the prompt's first token in tokens_in (stays 0 without token ids)
+    row = np.int64(0)  # the prompt's first key row
     needed = np.int64(0)
     for p in range(num_prompts):
         length = lengths[p]
         salt = salts[p]
         prompt = tokens_in[start : start + length]
-        num_hits, cached_hits = lookup_prefix(v, prompt, salt, hits)
+        num_hits, cached_hits = prompt_hits(
+            v, p, prompt, row, length, salt, has_tokens, key_rows, caps, hits
+        )
         need = blocks_of(length, block_size) - num_hits
         if need > free_now(v) + meta[M_CACHED] - cached_hits:
             if not atomic:
@@ -169,19 +222,24 @@ def run_admit(
                 for j in range(length):
                     slot_mapping[out + j] = -1
                 out += length
-                start += length
+                start += length if has_tokens else 0
+                row += 0 if key_rows is None else key_rows[1][p]
                 continue
             # Report what the whole call would take, later prompts looked up as things stand,
             # and what it lacks here: this prompt's cached hits use up capacity too.
             needed += need
             short = need - (free_now(v) + meta[M_CACHED] - cached_hits)
-            later = start + length
+            later = start + length if has_tokens else start
+            q_row = row + (0 if key_rows is None else key_rows[1][p])
             for q in range(p + 1, num_prompts):
                 q_prompt = tokens_in[later : later + lengths[q]]
-                q_hits, _ = lookup_prefix(v, q_prompt, salts[q], hits)
+                q_hits, _ = prompt_hits(
+                    v, q, q_prompt, q_row, lengths[q], salts[q], has_tokens, key_rows, caps, hits
+                )
                 needed += blocks_of(lengths[q], block_size) - q_hits
                 short += blocks_of(lengths[q], block_size) - q_hits
-                later += lengths[q]
+                later += lengths[q] if has_tokens else 0
+                q_row += 0 if key_rows is None else key_rows[1][q]
             scr[S_SHORT] = short
             if logged:
                 rollback(arena, scratch, pool)
@@ -208,19 +266,51 @@ def run_admit(
         if meta[M_PREFIX_CACHING] != 0:
             meta[M_PREFIX_QUERIES] += (length - 1) // block_size
             meta[M_PREFIX_HITS] += num_hits
-        # Prompts always come with token ids (np.bool_: the same compiled append_general as
-        # append's, not a copy specialised on a constant). A fresh sequence's tail is full or
-        # empty, so the copy-on-write pairs (``no_pairs``, empty) are never written.
+        # ``has_tokens`` is a run-time bool: the same compiled append_general as append's, not
+        # a copy specialised on a constant. A fresh sequence's tail is full or empty, so the
+        # copy-on-write pairs (``no_pairs``, empty) are never written.
         append_general(
-            arena, scratch, pool, slot, length - cached, tokens_in, start + cached, np.bool_(True),
+            arena, scratch, pool, slot, length - cached, tokens_in, start + cached, has_tokens,
             slot_mapping, out, no_pairs, no_pairs, np.int64(0),
         )  # fmt: skip
+        if key_rows is not None:
+            keys, key_counts = key_rows
+            for pos in range(num_hits, key_counts[p]):
+                register_key(v, v.seq_table[slot, pos], keys, row + pos, salt)
+            row += key_counts[p]
         num_cached_tokens[p] = cached
         ok[p] = True
         out += length - cached
-        start += length
+        start += length if has_tokens else 0
     scr[S_LOG_ON] = 0
     scr[S_EV_PAYLOAD] = saved_payload_flag
     if scr[S_EV_N] > 0:
         table_purge_evicted(v)
     return ST_OK, -1, needed, available, out
+
+
+@out_of_line
+def run_lookup(
+    tokens_in, lengths, salts, num_cached_tokens, hits, arena, scratch, has_tokens, key_rows, caps
+):
+    """Hits of validated prompts as ``admit`` would find them, claiming nothing; returns the
+    most hits of any prompt. Row ``p`` of ``hits`` gets prompt ``p``'s hit blocks, padded
+    with -1. Reads the state only: no LRU move, no counter."""
+    v = views(arena, scratch, scratch)
+    block_size = v.tokens.shape[1]
+    start = np.int64(0)
+    row = np.int64(0)
+    width = 0
+    for p in range(lengths.shape[0]):
+        length = lengths[p]
+        prompt = tokens_in[start : start + length]
+        found, _ = prompt_hits(
+            v, p, prompt, row, length, salts[p], has_tokens, key_rows, caps, hits[p]
+        )
+        for pos in range(found, hits.shape[1]):
+            hits[p, pos] = -1
+        num_cached_tokens[p] = found * block_size
+        width = max(width, found)
+        start += length if has_tokens else 0
+        row += 0 if key_rows is None else key_rows[1][p]
+    return width

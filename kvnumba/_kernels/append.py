@@ -23,6 +23,7 @@ from kvnumba._state import (
     NIL,
     S_EV_N,
     S_EV_PAYLOAD,
+    S_EVT_N,
     S_FAILED,
     S_LOG_ON,
     S_MAP_N,
@@ -342,6 +343,7 @@ def run_append(
     # the callee a second time for it.
     num_cow = np.int64(0)
     scr[S_EV_N] = 0
+    scr[S_EVT_N] = 0
     scr[S_FAILED] = 0
     scr[S_MAP_N] = 0
     scr[S_UNMAP_N] = 0

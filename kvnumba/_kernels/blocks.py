@@ -11,6 +11,7 @@ returning a block to it) runs once per page event at most and is compiled once, 
 import numpy as np
 from numba import int64, void
 
+from kvnumba._kernels.events import EVENT_REMOVED, EVENT_STORED, note_event
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.links import lru_push_tail, lru_unlink
 from kvnumba._kernels.prefix import (
@@ -38,6 +39,7 @@ from kvnumba._state import (
     M_EVICTIONS,
     M_FREE_TOP,
     M_HASH_BITS,
+    M_KEYED,
     M_LRU_HEAD,
     M_PAGE_K,
     M_PREFIX_CACHING,
@@ -63,6 +65,7 @@ def evict_block(v, b):
             v.ev_tok[record, j] = v.tokens[b, j]
         log_write(v, U_TOKROW, b, record)
     scr[S_EV_N] = record + 1
+    note_event(v, EVENT_REMOVED, b)
     table_mark_evicted(v, b, v.block_hash[b], record)
     v.tokens[b, :] = -1
     v.meta[M_EVICTIONS] += 1
@@ -182,7 +185,8 @@ def register_full_block(v, b, parent_block, salt):
     block whose content or whose parent's hash is unknown stays unhashed.
     """
     flags = v.block_flags
-    if v.meta[M_PREFIX_CACHING] == 0 or (flags[b] & F_KNOWN) == 0:
+    # With engine keys (``block_keys``) blocks are registered by their keys only.
+    if v.meta[M_PREFIX_CACHING] == 0 or (flags[b] & F_KNOWN) == 0 or v.meta[M_KEYED] != 0:
         return
     if parent_block < 0:
         parent = root_hash()
@@ -199,6 +203,7 @@ def register_full_block(v, b, parent_block, salt):
     if table_find(v, h, salt, v.tokens[b]) < 0:
         new_flags |= F_REGISTERED
         table_insert(v, b, h)
+        note_event(v, EVENT_STORED, b)
     set_logged(v, flags, FIELD.block_flags, b, new_flags)
 
 

@@ -9,6 +9,7 @@ from numba import njit
 
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import out_of_line
+from kvnumba._kernels.keys import key_hash
 from kvnumba._kernels.physical_pages import O_CLIENT, O_VIRTUAL, pool_views
 from kvnumba._kernels.prefix import chain_hash, root_hash
 from kvnumba._kernels.views import header_entry, views
@@ -28,6 +29,7 @@ from kvnumba._state import (
     M_FREE_MAPPED,
     M_FREE_TOP,
     M_HASH_BITS,
+    M_KEYED,
     M_LIVE_SEQS,
     M_LRU_HEAD,
     M_LRU_TAIL,
@@ -255,6 +257,7 @@ def check_state(arena, scratch, pool, counts, seen, marks):
     slot_stack, meta = st.slot_stack, st.meta
     num_blocks, block_size = tokens.shape
     max_seqs, width = seq_table.shape
+    keyed = meta[M_KEYED] != 0
     counted = counts
     counted[:] = 0
     live = 0
@@ -295,6 +298,17 @@ def check_state(arena, scratch, pool, counts, seen, marks):
             for j in range(fill, block_size):
                 if tokens[tail, j] != -1:
                     return C_PARTIAL_TAIL, s, tail
+        if keyed:
+            # Engine keys: a hashed block's table hash is its key's, and its salt the
+            # sequence's (keys may be given in any order, so no walk stops early).
+            for pos in range(length // block_size):
+                b = seq_table[s, pos]
+                if (block_flags[b] & F_HASHED) != 0 and (
+                    block_hash[b] != key_hash(st.block_key, b, meta[M_HASH_BITS])
+                    or block_salt[b] != seq_salt[s]
+                ):
+                    return C_HASH_MISMATCH, s, pos
+            continue
         # Recompute the chained hash along the sequence's hashed full blocks.
         parent = root_hash()
         for pos in range(length // block_size):
@@ -314,7 +328,8 @@ def check_state(arena, scratch, pool, counts, seen, marks):
         if ref[b] > 0:
             used += 1
         flags = block_flags[b]
-        if (flags & F_HASHED and not flags & F_KNOWN) or (
+        # Engine keys register blocks of unknown content too.
+        if (flags & F_HASHED and not flags & F_KNOWN and not keyed) or (
             flags & F_REGISTERED and not flags & F_HASHED
         ):
             return C_FLAGS, b, flags

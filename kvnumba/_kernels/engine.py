@@ -19,6 +19,7 @@ from kvnumba._state import (
     NIL,
     S_EV_N,
     S_EV_PAYLOAD,
+    S_EVT_N,
     S_FAILED,
     S_MAP_N,
     S_UNMAP_N,
@@ -37,6 +38,7 @@ from kvnumba.errors import (
 def _begin(v):
     """Clear the per-call records (evictions, pages mapped and unmapped, partial failures)."""
     v.scr[S_EV_N] = 0
+    v.scr[S_EVT_N] = 0
     v.scr[S_MAP_N] = 0
     v.scr[S_UNMAP_N] = 0
     v.scr[S_FAILED] = 0

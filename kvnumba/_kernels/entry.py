@@ -16,11 +16,12 @@ where the facade reads them for the callbacks.
 import numpy as np
 from numba import njit
 
-from kvnumba._kernels.admit import run_admit, validate_admit
+from kvnumba._kernels.admit import run_admit, run_lookup, validate_admit
 from kvnumba._kernels.append import append_need, run_append
 from kvnumba._kernels.carve import carve
 from kvnumba._kernels.check import check
 from kvnumba._kernels.engine import run_evict, run_reset_prefix_cache, run_truncate
+from kvnumba._kernels.keys import run_set_keys
 from kvnumba._kernels.sequences import (
     fill_lens,
     fill_tables,
@@ -116,12 +117,14 @@ def k_can_append_paged(ids, counts, arena, scratch, pool):
 
 
 @njit(cache=True, inline="always")
-def _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool):
+def _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool, has_tokens, key_rows, caps):
     num_prompts = lengths.shape[0]
     ids = np.full(num_prompts, -1, dtype=np.int64)
     num_cached_tokens = np.zeros(num_prompts, dtype=np.int64)
     ok = np.zeros(num_prompts, dtype=np.bool_)
-    status, bad, total, bound, longest = validate_admit(tokens_in, lengths, salts, arena, scratch)
+    status, bad, total, bound, longest = validate_admit(
+        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps
+    )
     if status != ST_OK:
         return status, bad, 0, 0, ids, num_cached_tokens, np.empty(0, dtype=np.int64), ok
     slot_mapping = np.empty(total, dtype=np.int64)
@@ -141,20 +144,103 @@ def _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool):
         arena,
         scratch,
         pool,
+        has_tokens,
+        key_rows,
+        caps,
     )
     return status, bad, needed, available, ids, num_cached_tokens, slot_mapping[:used], ok
 
 
+# Token-mode admits pass None for the keys and the caps: numba prunes their branches, so the
+# quick start's admit compiles without them. Keyed or capped admits are kernels of their own,
+# compiled on first use.
 @njit(cache=True)
 def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
     """``admit``: returns (status, bad, needed, available, ids, num_cached_tokens, slots, ok)."""
-    return _admit(tokens_in, lengths, salts, atomic, arena, scratch, scratch)
+    return _admit(
+        tokens_in, lengths, salts, atomic, arena, scratch, scratch, np.bool_(True), None, None
+    )
 
 
 @njit(cache=True)
 def k_admit_paged(tokens_in, lengths, salts, atomic, arena, scratch, pool):
     """``admit`` of a manager on a page pool."""
-    return _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool)
+    return _admit(
+        tokens_in, lengths, salts, atomic, arena, scratch, pool, np.bool_(True), None, None
+    )
+
+
+@njit(cache=True)
+def k_admit_capped(tokens_in, lengths, salts, atomic, caps, arena, scratch):
+    """``admit`` with ``max_hit_blocks`` (token hashes)."""
+    return _admit(
+        tokens_in, lengths, salts, atomic, arena, scratch, scratch, np.bool_(True), None, caps
+    )
+
+
+@njit(cache=True)
+def k_admit_capped_paged(tokens_in, lengths, salts, atomic, caps, arena, scratch, pool):
+    """``admit`` with ``max_hit_blocks`` (token hashes) on a page pool."""
+    return _admit(
+        tokens_in, lengths, salts, atomic, arena, scratch, pool, np.bool_(True), None, caps
+    )
+
+
+@njit(cache=True)
+def k_admit_keys(tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps, arena,
+                 scratch):  # fmt: skip
+    """``admit`` with engine keys (``block_keys``); ``caps`` holds every prompt's hit cap."""
+    return _admit(
+        tokens_in, lengths, salts, atomic, arena, scratch, scratch, has_tokens,
+        (keys, key_counts), caps,
+    )  # fmt: skip
+
+
+@njit(cache=True)
+def k_admit_keys_paged(tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps,
+                       arena, scratch, pool):  # fmt: skip
+    """``admit`` with engine keys on a page pool."""
+    return _admit(
+        tokens_in, lengths, salts, atomic, arena, scratch, pool, has_tokens,
+        (keys, key_counts), caps,
+    )  # fmt: skip
+
+
+@njit(cache=True, inline="always")
+def _lookup(tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps):
+    n = lengths.shape[0]
+    num_cached_tokens = np.zeros(n, dtype=np.int64)
+    status, bad, _, _, longest = validate_admit(
+        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps
+    )
+    if status != ST_OK:
+        return status, bad, num_cached_tokens, np.empty((n, 0), dtype=np.int32)
+    hits = np.empty((n, longest), dtype=np.int64)
+    width = run_lookup(
+        tokens_in, lengths, salts, num_cached_tokens, hits, arena, scratch, has_tokens,
+        key_rows, caps,
+    )  # fmt: skip
+    return ST_OK, -1, num_cached_tokens, hits[:, :width].astype(np.int32)
+
+
+@njit(cache=True)
+def k_lookup(tokens_in, lengths, salts, caps, arena, scratch):
+    """``lookup`` (token hashes): returns (status, bad, num_cached_tokens, hit blocks)."""
+    return _lookup(tokens_in, lengths, salts, arena, scratch, np.bool_(True), None, caps)
+
+
+@njit(cache=True)
+def k_lookup_keys(tokens_in, lengths, salts, has_tokens, keys, key_counts, caps, arena, scratch):
+    """``lookup`` with engine keys: returns (status, bad, num_cached_tokens, hit blocks)."""
+    return _lookup(tokens_in, lengths, salts, arena, scratch, has_tokens, (keys, key_counts), caps)
+
+
+@njit(cache=True)
+def k_set_keys(ids, starts, counts, keys, arena, scratch):
+    """``set_keys``: returns (status, bad, 0, 0, blocks registered)."""
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    status, bad, registered = run_set_keys(ids, starts, counts, keys, slots, arena, scratch)
+    return status, bad, 0, 0, registered
 
 
 @njit(cache=True)

@@ -9,6 +9,7 @@ rollback restores the table byte for byte.
 
 import numpy as np
 
+from kvnumba._kernels.events import EVENT_REMOVED, note_event
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.undo import set_logged
 from kvnumba._state import EMPTY, FIELD, M_REGISTERED, NIL, S_EV_N
@@ -168,3 +169,4 @@ def table_remove(v, b):
         i = (i + 1) & mask
     _delete_at(htab, v.block_hash, v.ev_hash, i, mask)
     v.meta[M_REGISTERED] -= 1
+    note_event(v, EVENT_REMOVED, b)

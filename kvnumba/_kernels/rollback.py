@@ -17,6 +17,7 @@ from kvnumba._state import (
     H_OFFSET,
     M_CLIENT,
     S_EV_N,
+    S_EVT_N,
     S_LOG_N,
     S_LOG_ON,
     S_MAP_N,
@@ -74,5 +75,6 @@ def rollback(arena, scratch, pool):
     scr[S_LOG_N] = 0
     scr[S_LOG_ON] = 0
     scr[S_EV_N] = 0
+    scr[S_EVT_N] = 0
     scr[S_MAP_N] = 0
     scr[S_UNMAP_N] = 0

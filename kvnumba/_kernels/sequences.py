@@ -22,6 +22,7 @@ from kvnumba._state import (
     M_SLOT_TOP,
     NIL,
     S_EV_N,
+    S_EVT_N,
     S_FAILED,
     S_MAP_N,
     S_STAMP,
@@ -119,6 +120,7 @@ def run_release(slots, arena, scratch, pool):
     # this call's records like any other call's.
     v.scr[S_UNMAP_N] = 0
     v.scr[S_EV_N] = 0
+    v.scr[S_EVT_N] = 0
     v.scr[S_MAP_N] = 0
     v.scr[S_FAILED] = 0
     for i in range(slots.shape[0]):

@@ -23,6 +23,7 @@ from kvnumba._state import (
     NIL,
     S_EV_N,
     S_EV_PAYLOAD,
+    S_EVT_N,
     S_LOG_N,
     S_LOG_ON,
     S_MAP_N,
@@ -49,6 +50,7 @@ def run_give_up(max_pages, logged, arena, scratch, pool):
         scr[S_SAVED_PAYLOAD] = scr[S_EV_PAYLOAD]
         scr[S_EV_PAYLOAD] = 1
     scr[S_EV_N] = 0
+    scr[S_EVT_N] = 0
     scr[S_MAP_N] = 0
     scr[S_UNMAP_N] = 0
     done = 0

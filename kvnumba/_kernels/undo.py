@@ -27,10 +27,10 @@ U_POOL_FREE = -5  # a slot of the pool's free stack, overwritten when a page is 
 NOT_LOGGED = -100  # list ends kept in ``meta``, which a logged call saves whole
 
 # Upper bounds of the entries a logged call writes, used to size the log before the call:
-# a block taken writes at most 3 entries (take) + 3 (eviction) + 1 (table) + 6 (registration)
+# a block taken writes at most 3 entries (take) + 3 (eviction) + 1 (table) + 10 (registration, 8 with a key)
 # and with a page pool up to 20 more (bucket moves, the page's free list, cache-only list);
 # a sequence opened writes 8 (slot fields, length); a page mapped writes its free list.
-_PER_BLOCK = 14
+_PER_BLOCK = 18
 _PER_BLOCK_PAGED = _PER_BLOCK + 20
 _PER_SEQUENCE = 8
 _PER_PAGE = 16

@@ -1,0 +1,288 @@
+"""The facade's calls for engines that hash blocks themselves: keyed admits, lookups that claim
+nothing, keys registered during decode, and block events.
+
+A mixin of :class:`kvnumba.BlockManager` (as :mod:`kvnumba._virtual_pages` is for page pools):
+it validates shapes and types here and leaves values (counts, positions, caps) to the
+kernels, which check everything before they write.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvnumba import errors as E
+from kvnumba._inputs import index_array
+from kvnumba._state import S_EVT_N
+from kvnumba.results import BlockEvents, LookupResult
+
+_NO_TOKENS = np.empty(0, dtype=np.int64)
+_NO_KEYS = np.empty((0, 4), dtype=np.uint64)
+_UINT64 = np.dtype(np.uint64)
+_INT64 = np.dtype(np.int64)
+_CAP_NONE = np.iinfo(np.int64).max
+
+
+def key_array(keys) -> np.ndarray:
+    """Engine keys as a C-contiguous uint64 ``[K, 4]`` array (``ValueError``/``TypeError``).
+
+    Parameters
+    ----------
+    keys : array-like of shape (K, 4)
+        Unsigned (or non-negative) integers: four 64-bit words per block.
+    """
+    if type(keys) is np.ndarray and keys.dtype == _UINT64 and keys.flags.c_contiguous:
+        array = keys
+    else:
+        array = np.asarray(keys)
+        if array.size == 0 and array.dtype.kind not in "iub":
+            array = array.astype(np.uint64)
+        if array.dtype.kind not in "iu" or array.dtype == np.bool_:
+            raise TypeError(f"keys must be an integer array, got dtype {array.dtype}")
+        if array.dtype.kind == "i" and array.size and array.min() < 0:
+            raise ValueError("keys must be non-negative (four unsigned 64-bit words per block)")
+        array = np.ascontiguousarray(array, dtype=np.uint64)
+    if array.ndim != 2 or array.shape[1] != 4:
+        raise ValueError(f"keys must have shape (K, 4), got {array.shape}")
+    return array
+
+
+def hash_to_key(block_hash: bytes) -> np.ndarray:
+    """An engine's block hash (e.g. vLLM's 32-byte sha256 digest) as one key row.
+
+    Shorter digests are zero-padded to 32 bytes; longer ones are refused (``ValueError``).
+    """
+    if len(block_hash) > 32:
+        raise ValueError(f"a block hash has at most 32 bytes, got {len(block_hash)}")
+    return np.frombuffer(block_hash.ljust(32, b"\0"), dtype=np.uint64)
+
+
+class EngineKeyCalls:
+    """``admit`` with keys or caps, ``lookup``, ``set_keys`` and ``take_events``."""
+
+    def _init_keys(self, block_keys: bool, block_events: bool) -> None:
+        self._block_keys = bool(block_keys)
+        self._event_chunks = [] if block_events else None
+
+    @property
+    def block_keys(self) -> bool:
+        """Whether blocks are registered under engine keys (``block_keys=True``)."""
+        return self._block_keys
+
+    def _prompt_inputs(self, tokens, lengths, salts, keys, key_counts, max_hit_blocks):
+        """Converted inputs of a keyed or capped admit / lookup (shapes and types only)."""
+        lengths = index_array(lengths, "lengths")
+        n = lengths.shape[0]
+        if tokens is None:
+            if not self._block_keys:
+                raise ValueError("tokens may be None only with block_keys=True")
+            tokens_in, has_tokens = _NO_TOKENS, False
+        else:
+            tokens_in, has_tokens = index_array(tokens, "tokens"), True
+        if salts is None:
+            salts = np.zeros(n, dtype=np.int64)
+        else:
+            salts = index_array(salts, "salts")
+            if salts.shape != lengths.shape:
+                raise ValueError(f"salts has {salts.shape[0]} entries for {n} prompts")
+        if keys is None:
+            if self._block_keys:
+                keys = _NO_KEYS
+                key_counts = np.zeros(n, dtype=np.int64) if key_counts is None else key_counts
+        elif not self._block_keys:
+            raise ValueError("keys need a manager built with block_keys=True")
+        if keys is not None:
+            keys = key_array(keys)
+            if key_counts is None:
+                key_counts = lengths // self._block_size
+            key_counts = index_array(key_counts, "key_counts")
+        elif key_counts is not None:
+            raise ValueError("key_counts without keys")
+        if max_hit_blocks is None:
+            caps = None
+        elif np.ndim(max_hit_blocks) == 0:
+            if isinstance(max_hit_blocks, (bool, np.bool_)):
+                raise TypeError("max_hit_blocks must be an integer, not a bool")
+            caps = np.full(n, int(max_hit_blocks), dtype=np.int64)
+        else:
+            caps = index_array(max_hit_blocks, "max_hit_blocks")
+        return tokens_in, has_tokens, lengths, salts, keys, key_counts, caps
+
+    def _admit_engine(self, tokens, lengths, salts, keys, key_counts, max_hit_blocks, atomic):
+        """``admit`` with keys, without token ids, or with hit caps."""
+        tokens_in, has_tokens, lengths, salts, keys, key_counts, caps = self._prompt_inputs(
+            tokens, lengths, salts, keys, key_counts, max_hit_blocks
+        )
+        if keys is not None:
+            if caps is None:
+                caps = np.full(lengths.shape[0], _CAP_NONE, dtype=np.int64)
+            name = "k_admit_keys"
+            args = (tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps)
+        else:
+            name = "k_admit_capped"
+            args = (tokens_in, lengths, salts, atomic, caps)
+        return self._run_admit(
+            self._lazy_kernel(name),
+            args,
+            atomic,
+            lengths,
+            tokens_in,
+            key_counts=key_counts,
+            caps=caps,
+        )
+
+    def lookup(
+        self, tokens, lengths, *, salts=None, keys=None, key_counts=None, max_hit_blocks=None
+    ) -> LookupResult:
+        """Report the cache hits ``admit`` would claim now, claiming nothing.
+
+        Matching is exactly ``admit``'s (leading full blocks, the last prompt token never
+        counted, at most ``max_hit_blocks``); no reference, LRU position or counter changes.
+
+        Parameters
+        ----------
+        tokens : 1-D integer array-like or None
+            All prompts' token ids, concatenated (None with ``block_keys=True``: keys only).
+        lengths : 1-D integer array-like
+            Tokens per prompt (each >= 1).
+        salts : 1-D integer array-like, optional
+            Per-prompt cache salt (default 0).
+        keys : integer array-like of shape (K, 4), optional
+            Engine keys of the prompts' leading full blocks (``block_keys=True``),
+            ``key_counts[i]`` rows per prompt in prompt order.
+        key_counts : 1-D integer array-like, optional
+            Keys per prompt; default ``lengths // block_size``.
+        max_hit_blocks : int or 1-D integer array-like, optional
+            Cap on the hit blocks of every prompt.
+
+        Returns
+        -------
+        LookupResult
+            ``num_cached_tokens`` per prompt and ``block_ids`` (int32, one row per prompt,
+            padded with -1).
+
+        Raises
+        ------
+        SequenceTooLong, ValueError, TypeError
+            For input that ``admit`` would refuse as invalid.
+        """
+        tokens_in, has_tokens, lengths, salts, keys, key_counts, caps = self._prompt_inputs(
+            tokens, lengths, salts, keys, key_counts, max_hit_blocks
+        )
+        if caps is None:
+            caps = np.full(lengths.shape[0], _CAP_NONE, dtype=np.int64)
+        if keys is not None:
+            kernel = self._lazy_kernel("k_lookup_keys")
+            result = kernel(
+                tokens_in, lengths, salts, has_tokens, keys, key_counts, caps, *self._args
+            )
+        else:
+            result = self._lazy_kernel("k_lookup")(tokens_in, lengths, salts, caps, *self._args)
+        status, bad, num_cached_tokens, block_ids = result
+        if status:
+            self._raise(
+                status,
+                bad,
+                None,
+                lengths=lengths,
+                tokens=tokens_in,
+                key_counts=key_counts,
+                caps=caps,
+            )
+        return LookupResult(num_cached_tokens, block_ids)
+
+    def set_keys(self, ids, starts, counts, keys) -> int:
+        """Give full blocks of live sequences their engine keys and register them.
+
+        For sequence ``ids[i]``, the blocks at table positions ``starts[i]`` to
+        ``starts[i] + counts[i] - 1`` get the next ``counts[i]`` rows of ``keys`` (blocks that
+        filled during decode or a later prefill chunk). A block is registered unless a
+        matching block is (the first one stays); a block that has this key already is left as
+        it is. Never allocates or evicts.
+
+        Parameters
+        ----------
+        ids : 1-D integer array-like
+            Live sequence ids, no duplicates.
+        starts, counts : 1-D integer array-like
+            First position and number of blocks per sequence; every position must be a full
+            block (``< seq_len // block_size``).
+        keys : integer array-like of shape (sum(counts), 4)
+            The keys, in ``ids`` order.
+
+        Returns
+        -------
+        int
+            Blocks newly registered.
+
+        Raises
+        ------
+        InvalidSequence, SequenceReleased
+            For an id that is not live.
+        ValueError, TypeError
+            For malformed input, a position that is not a full block, or a block that has
+            another key already; nothing is changed then.
+        """
+        if not self._block_keys:
+            raise ValueError("set_keys needs a manager built with block_keys=True")
+        ids = index_array(ids, "ids")
+        starts = index_array(starts, "starts")
+        counts = index_array(counts, "counts")
+        keys = key_array(keys)
+        status, bad, _, _, registered = self._lazy_kernel("k_set_keys")(
+            ids, starts, counts, keys, *self._args
+        )
+        if status:
+            self._raise_keys(status, bad, ids, starts, counts)
+        self._collect_events()
+        return int(registered)
+
+    def _raise_keys(self, status, bad, ids, starts, counts):
+        if status == E.ST_BAD_KEY_POSITION:
+            length = int(self.seq_lens(ids[bad : bad + 1])[0])
+            raise ValueError(
+                f"set_keys: positions {int(starts[bad])} .. "
+                f"{int(starts[bad]) + int(counts[bad]) - 1} of sequence {int(ids[bad])} are "
+                f"not all full blocks (it holds {length // self._block_size} full blocks)"
+            )
+        if status == E.ST_KEY_CONFLICT:
+            raise ValueError(
+                f"set_keys: a block of sequence {int(ids[bad])} already has another key"
+            )
+        if status == E.ST_BAD_KEY_COUNT:
+            if bad < 0 and starts.shape[0] == ids.shape[0] == counts.shape[0]:
+                raise ValueError(f"keys has a row count other than sum(counts) = {counts.sum()}")
+            raise ValueError("starts and counts need one entry per id")
+        self._raise(status, bad, ids)
+
+    def take_events(self) -> BlockEvents:
+        """Drain the block events recorded since the last call of ``take_events``.
+
+        Returns
+        -------
+        BlockEvents
+            ``kind`` (uint8: 1 stored, 2 removed), ``block`` (int32) and ``key`` (uint64
+            ``[n, 4]``; in token mode the chained hash and three zero words), in the order the
+            events happened. Always empty unless the manager was built with
+            ``block_events=True``.
+        """
+        chunks = self._event_chunks
+        if not chunks:
+            return BlockEvents(
+                np.empty(0, np.uint8), np.empty(0, np.int32), np.empty((0, 4), np.uint64)
+            )
+        rows = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+        chunks.clear()
+        return BlockEvents(
+            rows[:, 0].astype(np.uint8),
+            rows[:, 1].astype(np.int32),
+            np.ascontiguousarray(rows[:, 2:]).view(np.uint64),
+        )
+
+    def _collect_events(self) -> None:
+        """Keep the events of a call that committed (the kernels clear them at a call's start)."""
+        if self._event_chunks is not None:
+            scr = self._scr
+            n = int(scr[S_EVT_N])
+            if n:
+                self._event_chunks.append(self._x["evt"][:n].copy())
+                scr[S_EVT_N] = 0

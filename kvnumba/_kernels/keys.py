@@ -1,0 +1,187 @@
+"""Engine block keys (``block_keys=True``): lookup and registration under 256-bit keys.
+
+An engine that hashes blocks itself (vLLM: sha256 over the parent's hash, the tokens and extra
+keys) hands kvnumba one 256-bit key per full block. The key replaces the chained token hash: a
+block's table home is key word 0 (masked like a token hash, so tests can force collisions), and
+a match compares all four words, the salt and, when both sides know them, the tokens. The
+prefix table, its marks and the rollback are the token mode's unchanged.
+"""
+
+import numpy as np
+
+from kvnumba._kernels.events import EVENT_STORED, note_event
+from kvnumba._kernels.jit import inlined, out_of_line
+from kvnumba._kernels.prefix import table_insert
+from kvnumba._kernels.sequences import resolve_ids
+from kvnumba._kernels.undo import log_write, set_logged
+from kvnumba._kernels.views import views
+from kvnumba._state import (
+    EMPTY,
+    F_HASHED,
+    F_KNOWN,
+    F_REGISTERED,
+    FIELD,
+    M_HASH_BITS,
+    M_KEYED,
+    M_PREFIX_CACHING,
+    NIL,
+    S_EV_N,
+    S_EVT_N,
+    S_FAILED,
+    S_MAP_N,
+    S_UNMAP_N,
+)
+from kvnumba.errors import ST_BAD_KEY_COUNT, ST_BAD_KEY_POSITION, ST_KEY_CONFLICT, ST_OK
+
+_ONE = np.uint64(1)
+
+
+@inlined
+def key_hash(keys, row, hash_bits):
+    """Table hash of key ``keys[row]``: word 0, cut to ``hash_bits`` like a token hash."""
+    h = keys[row, 0]
+    if hash_bits < 64:
+        h &= (_ONE << np.uint64(hash_bits)) - _ONE
+    return h
+
+
+@inlined
+def _same_key(v, e, salt, keys, row, probe, has_probe):
+    """Whether registered block ``e`` matches: all four key words, the salt and, when the
+    query and the block both know them, the tokens."""
+    if v.block_salt[e] != salt:
+        return False
+    for w in range(4):
+        if v.block_key[e, w] != keys[row, w]:
+            return False
+    if has_probe and (v.block_flags[e] & F_KNOWN) != 0:
+        for j in range(probe.shape[0]):
+            if v.tokens[e, j] != probe[j]:
+                return False
+    return True
+
+
+@inlined
+def table_find_key(v, h, salt, keys, row, probe, has_probe):
+    """Registered block matching key ``keys[row]`` (see :func:`_same_key`), or -1."""
+    htab = v.htab
+    mask = htab.shape[0] - 1
+    i = np.int64(h & np.uint64(mask))
+    while htab[i] != EMPTY:
+        e = htab[i]
+        # Negative entries are marks of blocks evicted during this call.
+        if e >= 0 and v.block_hash[e] == h and _same_key(v, e, salt, keys, row, probe, has_probe):
+            return e
+        i = (i + 1) & mask
+    return NIL
+
+
+@out_of_line
+def lookup_keys(v, keys, row, count, salt, prompt, has_tokens, limit, hits):
+    """Registered blocks matching the prompt's leading keys, in order, into ``hits``.
+
+    ``keys[row : row + count]`` are the prompt's keys; at most ``limit`` blocks are looked up
+    (the last prompt token is always computed, and the caller's cap); the walk stops at the
+    first miss. ``prompt`` holds the prompt's tokens when ``has_tokens``. Returns (hits, hits
+    at refcount 0). Once per prompt, out of line.
+    """
+    if v.meta[M_PREFIX_CACHING] == 0:
+        return 0, 0
+    block_size = v.tokens.shape[1]
+    num_hits = 0
+    num_cached = 0
+    for pos in range(min(count, limit)):
+        probe = prompt[pos * block_size : (pos + 1) * block_size] if has_tokens else prompt[:0]
+        h = key_hash(keys, row + pos, v.meta[M_HASH_BITS])
+        b = table_find_key(v, h, salt, keys, row + pos, probe, has_tokens)
+        if b < 0:
+            break
+        hits[num_hits] = b
+        num_hits += 1
+        if v.ref[b] == 0:
+            num_cached += 1
+    return num_hits, num_cached
+
+
+@out_of_line
+def register_key(v, b, keys, row, salt):
+    """Give full block ``b`` the key ``keys[row]`` and register it unless a matching block is
+    registered (then the first one stays, as in token mode). Logged writes: an atomic admit of
+    several prompts may roll it back."""
+    flags = v.block_flags
+    if v.meta[M_PREFIX_CACHING] == 0 or (flags[b] & F_HASHED) != 0:
+        return
+    h = key_hash(keys, row, v.meta[M_HASH_BITS])
+    hashes = v.block_hash.view(np.int64)
+    log_write(v, FIELD.block_hash, b, hashes[b])
+    v.block_hash[b] = h
+    stored = v.block_key.view(np.int64)
+    for w in range(4):
+        log_write(v, FIELD.block_key, 4 * b + w, stored[b, w])
+        v.block_key[b, w] = keys[row, w]
+    set_logged(v, v.block_salt, FIELD.block_salt, b, salt)
+    new_flags = flags[b] | F_HASHED
+    known = (flags[b] & F_KNOWN) != 0
+    if table_find_key(v, h, salt, keys, row, v.tokens[b], known) < 0:
+        new_flags |= F_REGISTERED
+        table_insert(v, b, h)
+    set_logged(v, flags, FIELD.block_flags, b, new_flags)
+    if new_flags & F_REGISTERED:
+        note_event(v, EVENT_STORED, b)
+
+
+@inlined
+def keyed(v):
+    """Whether the manager registers blocks under engine keys."""
+    return v.meta[M_KEYED] != 0
+
+
+@out_of_line
+def run_set_keys(ids, starts, counts, keys, slots, arena, scratch):
+    """Give sequence ``ids[i]``'s blocks at positions ``starts[i] .. starts[i] + counts[i] - 1``
+    the next ``counts[i]`` keys and register them; returns (status, bad index, registered).
+
+    Everything is validated before the first write (ids as ``release``; positions inside the
+    sequence's full blocks; one key row per position; a block that has a key already must
+    have the same one), so the call is never rolled back. A block keyed earlier in the same
+    call (shared by two of its sequences) keeps its first key.
+    """
+    n = ids.shape[0]
+    if starts.shape[0] != n or counts.shape[0] != n:
+        return ST_BAD_KEY_COUNT, -1, 0
+    status, bad = resolve_ids(ids, True, slots, arena, scratch)
+    if status != ST_OK:
+        return status, bad, 0
+    v = views(arena, scratch, scratch)
+    block_size = v.tokens.shape[1]
+    rows = 0
+    for i in range(n):
+        full = v.seq_len[slots[i]] // block_size
+        if starts[i] < 0 or counts[i] < 0 or counts[i] > full - starts[i]:
+            return ST_BAD_KEY_POSITION, i, 0
+        rows += counts[i]
+    if rows != keys.shape[0]:
+        return ST_BAD_KEY_COUNT, -1, 0
+    row = 0
+    for i in range(n):
+        for pos in range(starts[i], starts[i] + counts[i]):
+            b = v.seq_table[slots[i], pos]
+            if (v.block_flags[b] & F_HASHED) != 0:
+                for w in range(4):
+                    if v.block_key[b, w] != keys[row, w]:
+                        return ST_KEY_CONFLICT, i, 0
+            row += 1
+    for name in (S_EV_N, S_EVT_N, S_MAP_N, S_UNMAP_N, S_FAILED):
+        v.scr[name] = 0
+    registered = 0
+    row = 0
+    for i in range(n):
+        salt = v.seq_salt[slots[i]]
+        for pos in range(starts[i], starts[i] + counts[i]):
+            b = v.seq_table[slots[i], pos]
+            before = v.block_flags[b] & F_REGISTERED
+            register_key(v, b, keys, np.int64(row), salt)
+            if before == 0 and (v.block_flags[b] & F_REGISTERED) != 0:
+                registered += 1
+            row += 1
+    return ST_OK, -1, registered

@@ -1,0 +1,237 @@
+"""Read-only stand-ins for the vLLM allocator objects the scheduler and tests reach into.
+
+vLLM's scheduler reads ``kv_cache_manager.block_pool`` (free-block count, the null block) and
+``kv_cache_manager.coordinator`` (block sizes, the block count a request still needs); vLLM's
+tests also read ``block_pool.blocks[i]``, ``free_block_queue``, ``cached_block_hash_to_block``
+and ``single_type_managers[0].req_to_blocks``. These views answer from kvnumba's state: the
+counters are O(1) reads of the state arrays; the whole-pool views (free queue, hash map, block
+tables) are built when asked, which only tests do, never the scheduler's step. Nothing here
+mutates the allocator: vLLM's mutating internals (``touch``, ``get_new_blocks``,
+``cache_full_blocks``, linked-list surgery) are not offered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from kvnumba._state import F_REGISTERED, M_FREE_TOP, M_LRU_HEAD, M_USED, NIL
+from kvnumba.integrations.vllm._blocks import KVNumbaBlock, block_hash_of
+
+
+class FreeQueueView:
+    """vLLM's ``free_block_queue`` as kvnumba hands blocks out: free blocks, then cached.
+
+    kvnumba takes an empty block from its free stack (top first) before it reclaims the least
+    recently used cached block; vLLM's single queue holds both kinds in that same order.
+    """
+
+    def __init__(self, pool: BlockPoolView) -> None:
+        self._pool = pool
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation may take: empty plus cached at refcount 0."""
+        return self._pool.get_num_free_blocks()
+
+    def get_all_free_blocks(self) -> list[KVNumbaBlock]:
+        """Every allocatable block in the order kvnumba would hand them out (O(pool))."""
+        state = self._pool.state
+        top = int(state.meta[M_FREE_TOP])
+        order = state.free_stack[:top][::-1].tolist()
+        b = int(state.meta[M_LRU_HEAD])
+        nxt = state.lru_next
+        while b != NIL:
+            order.append(b)
+            b = int(nxt[b])
+        blocks = self._pool.blocks
+        return [blocks[i] for i in order]
+
+
+class CachedBlocksView(Mapping):
+    """vLLM's ``cached_block_hash_to_block``: registered keys to their block (built on demand).
+
+    kvnumba registers one block per key (a later block with an equal key keeps its key but is
+    not registered), so every entry is a single block.
+    """
+
+    def __init__(self, pool: BlockPoolView) -> None:
+        state = pool.state
+        registered = np.flatnonzero(state.block_flags & F_REGISTERED)
+        self._cache = {
+            block_hash_of(state, int(b), pool.width): pool.blocks[int(b)] for b in registered
+        }
+
+    def __getitem__(self, key: bytes) -> KVNumbaBlock:
+        return self._cache[key]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._cache)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def get_one_block(self, key: bytes) -> KVNumbaBlock | None:
+        """The block registered under ``key`` (a ``BlockHashWithGroupId``), or None."""
+        return self._cache.get(key)
+
+    def contain(self, key: bytes, block_id: int) -> bool:
+        """Whether ``key`` is registered to ``block_id``."""
+        block = self._cache.get(key)
+        return block is not None and block.block_id == block_id
+
+
+class BlockPoolView:
+    """vLLM's ``BlockPool`` as read from a kvnumba manager.
+
+    Parameters
+    ----------
+    owner : KVNumbaKVCacheManager
+        The adapter (for the operations the pool forwards: events, eviction, reset).
+    """
+
+    def __init__(self, owner) -> None:
+        self._owner = owner
+        self.state = owner.kvnumba.state
+        self.num_gpu_blocks = owner.kvnumba.num_blocks
+        self.enable_caching = owner.enable_caching
+        self.hash_block_size = owner.block_size
+        self.enable_kv_cache_events = owner.enable_kv_cache_events
+        # One stand-in per block id, made once, as vLLM makes its KVCacheBlock objects.
+        self.blocks = [KVNumbaBlock(i, self) for i in range(self.num_gpu_blocks)]
+        self.null_block = self.blocks[0]
+        self._usable = self.num_gpu_blocks - 1  # all but the null block
+
+    @property
+    def width(self) -> int:
+        """Digest length of the engine's block hashes (learnt from the first one seen)."""
+        return self._owner.hash_width
+
+    def block_hash_of(self, block_id: int) -> bytes | None:
+        """``BlockHashWithGroupId`` of a hashed block, else None."""
+        return block_hash_of(self.state, block_id, self._owner.hash_width)
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks not referenced by any request (empty or cached), as vLLM counts them."""
+        return self._usable - int(self.state.meta[M_USED])
+
+    def get_usage(self) -> float:
+        """Fraction of the usable blocks that requests reference."""
+        return 1.0 - self.get_num_free_blocks() / self._usable if self._usable else 0.0
+
+    @property
+    def free_block_queue(self) -> FreeQueueView:
+        """The allocatable blocks in hand-out order (a view)."""
+        return FreeQueueView(self)
+
+    @property
+    def cached_block_hash_to_block(self) -> CachedBlocksView:
+        """The prefix cache's registered keys (a snapshot, built when asked)."""
+        return CachedBlocksView(self)
+
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]):
+        """The registered block of ``block_hash`` for group 0 as a one-item list, or None."""
+        if list(kv_cache_group_ids) != [0]:
+            return None
+        block = self.cached_block_hash_to_block.get_one_block(block_hash + bytes(4))
+        return None if block is None else [block]
+
+    @property
+    def kv_event_queue(self) -> list:
+        """KV events translated but not yet taken."""
+        return self._owner.pending_events
+
+    def take_events(self) -> list:
+        """Take the pending KV events (see ``KVNumbaKVCacheManager.take_events``)."""
+        return self._owner.take_events()
+
+    def evict_blocks(self, block_ids) -> None:
+        """Forwarded to ``KVNumbaKVCacheManager.evict_blocks``."""
+        self._owner.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forwarded to ``KVNumbaKVCacheManager.reset_prefix_cache``."""
+        return self._owner.reset_prefix_cache()
+
+
+class _RequestTables(Mapping):
+    """``req_to_blocks``: each held request's block list, built from its kvnumba table row."""
+
+    def __init__(self, owner) -> None:
+        self._owner = owner
+
+    def __getitem__(self, request_id: str) -> list[KVNumbaBlock]:
+        if request_id not in self._owner.held:
+            raise KeyError(request_id)
+        return self._owner.blocks_of(request_id)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._owner.held))
+
+    def __len__(self) -> int:
+        return len(self._owner.held)
+
+
+class _CachedCounts(Mapping):
+    """``num_cached_block``: blocks of each held request that carry their keys."""
+
+    def __init__(self, owner) -> None:
+        self._owner = owner
+
+    def __getitem__(self, request_id: str) -> int:
+        return self._owner.held[request_id].ncached
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._owner.held))
+
+    def __len__(self) -> int:
+        return len(self._owner.held)
+
+
+class SingleTypeManagerView:
+    """vLLM's ``FullAttentionManager`` for group 0, read from the adapter."""
+
+    kv_cache_group_id = 0
+    retains_longer_hit = False
+
+    def __init__(self, owner, kv_cache_spec) -> None:
+        self.kv_cache_spec = kv_cache_spec
+        self.block_size = owner.block_size
+        self.block_pool = owner.block_pool
+        self.enable_caching = owner.enable_caching
+        self.req_to_blocks = _RequestTables(owner)
+        self.num_cached_block = _CachedCounts(owner)
+
+
+class CoordinatorView:
+    """vLLM's ``KVCacheCoordinator`` for one group: what the scheduler asks of it."""
+
+    enable_partial_hash_hits = False
+
+    def __init__(self, owner, kv_cache_spec) -> None:
+        self._owner = owner
+        self.block_pool = owner.block_pool
+        self.single_type_managers = (SingleTypeManagerView(owner, kv_cache_spec),)
+        self.block_size = owner.block_size
+        self.eagle_group_ids = {0} if owner.use_eagle else set()
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks,
+        num_encoder_tokens: int = 0,
+        total_computed_tokens: int = 0,
+        num_local_computed_tokens: int = 0,
+        num_tokens_main_model: int = 0,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """Blocks a request needs for ``num_tokens`` slots (see the adapter's counting)."""
+        return self._owner.num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[0])
+
+    def get_blocks(self, request_id: str) -> tuple[list[KVNumbaBlock]]:
+        """The request's blocks, as a one-group tuple."""
+        held = request_id in self._owner.held
+        return (self._owner.blocks_of(request_id) if held else [],)

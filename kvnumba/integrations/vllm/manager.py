@@ -1,0 +1,557 @@
+"""``KVNumbaKVCacheManager``: vLLM 0.33.0's ``KVCacheManager`` interface over kvnumba.
+
+One vLLM request is one kvnumba sequence, created by ``admit`` on the request's first
+``allocate_slots`` and released by ``free``. The sequence's length is the number of token slots
+vLLM has asked for so far (computed + new + lookahead tokens, capped at ``max_model_len``); it
+only grows, as vLLM's block list only grows while a request runs, so the sequence holds exactly
+``ceil(slots / block_size)`` blocks, vLLM's count. vLLM's block hashes (the request's
+``block_hashes``) are kvnumba's block keys: the leading keys of a new request find its prefix
+hits, and the keys of the blocks that become full and hashable are registered with ``admit`` /
+``set_keys``. Block 0 is reserved: vLLM's null block. ``docs/vllm.md`` has the full mapping.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from vllm.logger import init_logger
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
+from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.request import RequestStatus
+
+import kvnumba
+from kvnumba._ids import slot_bits
+from kvnumba._state import F_HASHED, M_USED
+from kvnumba.integrations.engine_keys import KEY_BYTES, keys_from_hashes
+from kvnumba.integrations.vllm import _events
+from kvnumba.integrations.vllm._views import BlockPoolView, CoordinatorView
+from kvnumba.integrations.vllm.support import manager_fallback_reason
+
+logger = init_logger(__name__)
+
+_NO_KEYS = np.zeros((0, 4), dtype=np.uint64)
+_ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+class _Held:
+    """A request's kvnumba sequence: id, table row, slots held, blocks, blocks with keys."""
+
+    __slots__ = ("seq", "slot", "length", "nblocks", "ncached")
+
+    def __init__(self, seq: int, slot: int, length: int, nblocks: int, ncached: int) -> None:
+        self.seq = seq
+        self.slot = slot
+        self.length = length
+        self.nblocks = nblocks
+        self.ncached = ncached
+
+
+class KVNumbaKVCacheManager:
+    """vLLM's ``KVCacheManager`` for one full-attention group, backed by kvnumba.
+
+    The constructor takes ``KVCacheManager``'s arguments; a configuration kvnumba does not
+    serve (:func:`~kvnumba.integrations.vllm.support.manager_fallback_reason`) raises
+    ``ValueError`` (``KVNumbaScheduler`` checks first and keeps vLLM's manager instead).
+
+    Parameters
+    ----------
+    kv_cache_config : vllm.v1.kv_cache_interface.KVCacheConfig
+        One full-attention group; ``num_blocks`` blocks including the null block.
+    max_model_len, scheduler_block_size, hash_block_size, max_in_flight_tokens, enable_caching,
+    use_eagle, num_hash_lookahead_tokens, num_prefill_lookahead, log_stats,
+    enable_kv_cache_events, dcp_world_size, pcp_world_size, metrics_collector, watermark,
+    enable_mamba_shared_prefix_checkpoint
+        As for vLLM's ``KVCacheManager``.
+    max_seqs : int, optional
+        Requests that may hold blocks at once (kvnumba's block tables are
+        ``max_seqs x ceil(max_model_len / block_size)``); default ``min(num_blocks - 1, 1024)``.
+        A new request beyond it gets no slots (``allocate_slots`` returns None) until one ends.
+
+    Notes
+    -----
+    Single-threaded, as vLLM's scheduler is.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector=None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+        *,
+        max_seqs: int | None = None,
+    ) -> None:
+        reason = manager_fallback_reason(
+            kv_cache_config,
+            scheduler_block_size=scheduler_block_size,
+            hash_block_size=hash_block_size,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+            num_prefill_lookahead=num_prefill_lookahead,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            metrics_collector=metrics_collector,
+        )
+        if reason is not None:
+            raise ValueError(f"kvnumba's vLLM manager does not serve this model: {reason}")
+        if watermark < 0.0:
+            raise ValueError("watermark must be non-negative")
+        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        num_blocks = kv_cache_config.num_blocks
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.block_size = spec.block_size
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.metrics_collector = None
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.num_kv_cache_groups = 1
+        self.retained_hit_group_ids = ()
+        self.mamba_shared_prefix_checkpoint = False
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.kv_cache_event_metadata = ((get_kv_cache_spec_kind(spec).value, None),)
+        self.empty_kv_cache_blocks = KVCacheBlocks(((),))
+        if max_seqs is None:
+            max_seqs = min(num_blocks - 1, 1024)
+        self.kvnumba = kvnumba.BlockManager(
+            num_blocks,
+            self.block_size,
+            max_seqs=max(1, max_seqs),
+            max_seq_len=max_model_len,
+            prefix_caching=enable_caching,
+            reserved_blocks=1,
+            block_keys=True,
+            block_events=enable_kv_cache_events and enable_caching,
+        )
+        state = self.kvnumba.state
+        self._table = state.seq_table
+        self._ref = state.ref
+        self._meta = state.meta
+        self._flags = state.block_flags
+        self._slot_mask = (1 << slot_bits(self.kvnumba.max_seqs)) - 1
+        self._usable = num_blocks - 1
+        self.held: dict[str, _Held] = {}
+        self.hash_width = KEY_BYTES
+        self.pending_events: list = []
+        self._events_on = enable_kv_cache_events and enable_caching
+        # The last lookup's hit ids, so that allocate_slots counts the hits at refcount 0
+        # without reading them back from the block objects.
+        self._last_hits: tuple[str, np.ndarray] | None = None
+        self.block_pool = BlockPoolView(self)
+        self._blocks = self.block_pool.blocks
+        self.coordinator = CoordinatorView(self, spec)
+
+    # ------------------------------------------------------------------------------ helpers
+    def _keys(self, hashes, start: int, stop: int) -> np.ndarray:
+        """Keys of ``hashes[start:stop]``; learns the digest length from the first hash."""
+        if stop <= start:
+            return _NO_KEYS
+        self.hash_width = len(hashes[start])
+        return keys_from_hashes(hashes, start, stop)
+
+    def _wrap(self, block_ids: np.ndarray) -> KVCacheBlocks:
+        """``KVCacheBlocks`` of the stand-ins of ``block_ids`` (the empty one if none)."""
+        if block_ids.shape[0] == 0:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks((list(map(self._blocks.__getitem__, block_ids.tolist())),))
+
+    def blocks_of(self, request_id: str) -> list:
+        """Block stand-ins of a held request, from its kvnumba table row."""
+        held = self.held[request_id]
+        row = self._table[held.slot, : held.nblocks]
+        return list(map(self._blocks.__getitem__, row.tolist()))
+
+    def _num_free(self) -> int:
+        return self._usable - int(self._meta[M_USED])
+
+    def _drain(self, request, held: _Held | None) -> None:
+        """Translate the events kvnumba recorded in the call just made for ``request``."""
+        events = self.kvnumba.take_events()
+        if events.kind.shape[0] == 0:
+            return
+
+        def positions() -> dict[int, int]:
+            row = self._table[held.slot, : held.nblocks].tolist()
+            return {b: i for i, b in enumerate(row)}
+
+        self.pending_events += _events.translate(
+            events,
+            positions if held is not None else None,
+            request,
+            self.block_size,
+            self.hash_width,
+            self.kv_cache_event_metadata[0][0],
+        )
+
+    # ------------------------------------------------------------------------- properties
+    @property
+    def usage(self) -> float:
+        """Fraction of the usable blocks that requests reference."""
+        return self.block_pool.get_usage()
+
+    # -------------------------------------------------------------------------- prefix stats
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Take (and reset) the prefix cache stats; None unless ``log_stats``."""
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request) -> bool:
+        """Whether ``request`` may read the prefix cache."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request, num_hits: int) -> None:
+        """Count one admitted request's lookup: its tokens as queries, ``num_hits`` as hits."""
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
+    # ------------------------------------------------------------------------- the hot path
+    def get_computed_blocks(
+        self, request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
+        """The longest cached prefix of ``request``: kvnumba ``lookup`` (claims nothing).
+
+        Parameters
+        ----------
+        request : vllm.v1.request.Request
+            A request not yet holding blocks.
+        max_cache_hit_length : int, optional
+            Hit tokens at most; ``request.num_tokens - 1`` by default.
+
+        Returns
+        -------
+        tuple
+            ``(KVCacheBlocks of the hit blocks, hit tokens, 0)`` (no shared-prefix boundary:
+            one group).
+        """
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0, 0
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        hashes = request.block_hashes
+        n = min(max_cache_hit_length // self.block_size, len(hashes))
+        if n <= 0:
+            return self.empty_kv_cache_blocks, 0, 0
+        # Length n blocks + 1 token: kvnumba's last-token rule then allows exactly n hits.
+        found = self.kvnumba.lookup(
+            None, [n * self.block_size + 1], keys=self._keys(hashes, 0, n), key_counts=[n]
+        )
+        hits = int(found.num_cached_tokens[0]) // self.block_size
+        if self.use_eagle and hits:
+            hits -= 1  # EAGLE recomputes the last hit block for its hidden states
+        if hits == 0:
+            return self.empty_kv_cache_blocks, 0, 0
+        ids = found.block_ids[0, :hits]
+        self._last_hits = (request.request_id, ids)
+        if self._events_on and getattr(request, "kv_cache_report_mode", "incremental") == "full":
+            kind = self.kv_cache_event_metadata[0][0]
+            self.pending_events.append(
+                _events.block_stored(request, 0, hits, self.block_size, kind)
+            )
+        return self._wrap(ids), hits * self.block_size, 0
+
+    def num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks) -> int:
+        """Blocks vLLM counts against the free pool to give a request ``num_tokens`` slots.
+
+        A held request needs the blocks it lacks; a new one needs the blocks past its hits
+        plus every hit at refcount 0 (a cached block it takes off the free pool).
+        """
+        needed = -(-num_tokens // self.block_size)
+        held = self.held.get(request_id)
+        if held is not None:
+            return max(needed - held.nblocks, 0)
+        num_hits = len(new_computed_blocks)
+        if num_hits == 0:
+            return needed
+        last = self._last_hits
+        if last is not None and last[0] == request_id and last[1].shape[0] == num_hits:
+            ids = last[1]
+        else:
+            ids = np.array([b.block_id for b in new_computed_blocks], dtype=np.int64)
+        return max(needed - num_hits, 0) + int(np.count_nonzero(self._ref[ids] == 0))
+
+    def allocate_slots(
+        self,
+        request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> KVCacheBlocks | None:
+        """Give ``request`` slots for its new (and lookahead) tokens; None if they do not fit.
+
+        A new request is admitted (``admit`` claims its hits, allocates the rest and registers
+        the keys of its full blocks); a held one grows (``append``) and registers the keys of
+        blocks that became full (``set_keys``). Only tokens up to ``request.num_tokens`` are
+        cached (draft tokens are not final). Arguments as vLLM's ``allocate_slots``;
+        external tokens, delayed caching and encoder tokens (KV connectors, encoder-decoder
+        models) are not served.
+
+        Returns
+        -------
+        KVCacheBlocks or None
+            The newly allocated blocks (hits excluded), or None when they do not fit.
+        """
+        if num_new_tokens == 0 and num_new_computed_tokens == 0:
+            if num_external_computed_tokens == 0:
+                raise ValueError(
+                    "num_new_tokens must be greater than 0 when there are no "
+                    "computed tokens to adopt"
+                )
+        if num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens:
+            raise NotImplementedError(
+                "kvnumba's vLLM manager serves no KV connector or encoder-decoder model "
+                "(KVNumbaScheduler keeps vLLM's manager for them)"
+            )
+        hit_blocks = () if new_computed_blocks is None else new_computed_blocks.blocks[0]
+        total_computed = min(
+            request.num_computed_tokens + num_new_computed_tokens, self.max_model_len
+        )
+        watermark = 0
+        if has_scheduled_reqs and request.status in _ADMITTING:
+            watermark = self.watermark_blocks
+        rid = request.request_id
+        free = self._num_free()
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if self.num_blocks_to_allocate(rid, full, hit_blocks) + watermark > free:
+                return None
+        slots = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        needed = self.num_blocks_to_allocate(rid, slots, hit_blocks)
+        if needed + watermark > free - reserved_blocks:
+            return None
+        to_cache = min(total_computed + num_new_tokens, request.num_tokens)
+        held = self.held.get(rid)
+        if held is None:
+            return self._admit(request, slots, len(hit_blocks), to_cache)
+        if hit_blocks:
+            raise ValueError(f"request {rid} already holds blocks; it takes no prefix hits")
+        return self._grow(held, request, slots, to_cache)
+
+    def _admit(self, request, slots: int, num_hits: int, to_cache: int) -> KVCacheBlocks | None:
+        """First allocation of a request: one kvnumba ``admit``."""
+        bs = self.block_size
+        hashes = request.block_hashes
+        num_keys = 0
+        if self.enable_caching:
+            num_keys = max(min(to_cache, len(hashes) * bs, slots) // bs, num_hits)
+        try:
+            got = self.kvnumba.admit(
+                None,
+                [slots],
+                keys=self._keys(hashes, 0, num_keys),
+                key_counts=[num_keys],
+                max_hit_blocks=[num_hits],
+            )
+        except (kvnumba.PoolExhausted, kvnumba.TooManySequences):
+            return None
+        seq = int(got.ids[0])
+        if int(got.num_cached_tokens[0]) != num_hits * bs:
+            self.kvnumba.release([seq])
+            raise RuntimeError(
+                f"request {request.request_id}: {num_hits} prefix-hit blocks were passed to "
+                f"allocate_slots but only {int(got.num_cached_tokens[0]) // bs} are still "
+                "cached (get_computed_blocks and allocate_slots must not be separated by calls "
+                "that evict)"
+            )
+        held = _Held(seq, seq & self._slot_mask, slots, -(-slots // bs), num_keys)
+        self.held[request.request_id] = held
+        self._last_hits = None
+        if self._events_on:
+            self._drain(request, held)
+        return self._wrap(self._table[held.slot, num_hits : held.nblocks])
+
+    def _grow(self, held: _Held, request, slots: int, to_cache: int) -> KVCacheBlocks | None:
+        """Later allocation of a held request: ``append`` the missing slots, register keys."""
+        old = held.nblocks
+        if slots > held.length:
+            try:
+                self.kvnumba.append([held.seq], [slots - held.length])
+            except kvnumba.PoolExhausted:
+                return None
+            held.length = slots
+            held.nblocks = -(-slots // self.block_size)
+        if self.enable_caching:
+            self._cache_upto(held, request, to_cache)
+        if self._events_on:
+            self._drain(request, held)
+        if held.nblocks == old:
+            return self.empty_kv_cache_blocks
+        return self._wrap(self._table[held.slot, old : held.nblocks])
+
+    def _cache_upto(self, held: _Held, request, num_tokens: int) -> None:
+        """Register the keys of the request's blocks full within its first ``num_tokens``."""
+        hashes = request.block_hashes
+        full = min(num_tokens, len(hashes) * self.block_size, held.length) // self.block_size
+        if full <= held.ncached:
+            return
+        keys = self._keys(hashes, held.ncached, full)
+        self.kvnumba.set_keys([held.seq], [held.ncached], [full - held.ncached], keys)
+        held.ncached = full
+
+    def cache_blocks(self, request, num_computed_tokens: int) -> None:
+        """Register the keys of the blocks full within ``num_computed_tokens`` (``set_keys``)."""
+        held = self.held.get(request.request_id)
+        if not self.enable_caching or held is None:
+            return
+        self._cache_upto(held, request, num_computed_tokens)
+        if self._events_on:
+            self._drain(request, held)
+
+    def free(self, request) -> None:
+        """Release the request's sequence (tail block first; keyed blocks stay cached)."""
+        held = self.held.pop(request.request_id, None)
+        if held is not None:
+            self.kvnumba.release([held.seq])
+
+    # ------------------------------------------------------------------------- block access
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's blocks (the empty ``KVCacheBlocks`` if it holds none)."""
+        held = self.held.get(request_id)
+        if held is None:
+            return self.empty_kv_cache_blocks
+        return self._wrap(self._table[held.slot, : held.nblocks])
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block ids, one list (one group)."""
+        held = self.held.get(request_id)
+        if held is None:
+            return ([],)
+        return (self._table[held.slot, : held.nblocks].tolist(),)
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        """Block ids covering the first ``num_computed_tokens`` tokens."""
+        (ids,) = self.get_block_ids(request_id)
+        return (ids[: -(-num_computed_tokens // self.block_size)],)
+
+    def estimate_cached_tokens(self, request) -> int:
+        """Tokens of the request's prefix covered by keyed blocks."""
+        held = self.held.get(request.request_id)
+        if held is None:
+            return 0
+        row = self._table[held.slot, : held.nblocks]
+        keyed = np.flatnonzero(self._flags[row] & F_HASHED)
+        return int(keyed[-1] + 1) * self.block_size if keyed.shape[0] else 0
+
+    def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
+        """``KVCacheBlocks(blocks)``, or the shared empty one when there are none."""
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int):
+        """The first ``num_computed_tokens`` tokens' worth of a lookup result (a slice)."""
+        assert num_computed_tokens % self.block_size == 0
+        return self.create_kv_cache_blocks(
+            (list(blocks.blocks[0][: num_computed_tokens // self.block_size]),)
+        )
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Deprecated in vLLM (cascade attention is gone): always ``[0]``."""
+        return [0]
+
+    # ------------------------------------------------------------------ cache maintenance
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, as vLLM does: only when no request holds a block.
+
+        Returns
+        -------
+        bool
+            False (and nothing changes) while requests hold blocks.
+        """
+        used = int(self._meta[M_USED])
+        if used:
+            logger.warning(
+                "Failed to reset prefix cache because some blocks (%d) are not freed yet", used
+            )
+            return False
+        self.kvnumba.reset_prefix_cache()
+        if self._events_on:
+            # vLLM reports one AllBlocksCleared, not a removal per block.
+            self.kvnumba.take_events()
+            from vllm.distributed.kv_events import AllBlocksCleared
+
+            self.pending_events.append(AllBlocksCleared())
+        if self.log_stats:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def evict_blocks(self, block_ids) -> None:
+        """Evict the given blocks from the prefix cache (``kvnumba.evict``).
+
+        Cached blocks (refcount 0) are evicted and freed. kvnumba cannot yet drop the key of a
+        block a request still holds (vLLM can); such blocks are skipped with a warning.
+        """
+        ids = np.fromiter(block_ids, dtype=np.int64)
+        if ids.shape[0] == 0:
+            return
+        if ids.min() < 0 or ids.max() >= self.kvnumba.num_blocks:
+            raise AssertionError(f"Invalid block_id in {sorted(ids.tolist())}")
+        held = ids[self._ref[ids] > 0]
+        if held.shape[0]:
+            logger.warning(
+                "kvnumba cannot unregister blocks requests hold: %s", sorted(held.tolist())
+            )
+        self.kvnumba.evict(ids[self._ref[ids] == 0])
+        if self._events_on:
+            self._drain(None, None)
+
+    def take_events(self) -> list:
+        """Take the KV events translated since the last call (empty unless enabled)."""
+        if not self._events_on:
+            return []
+        self._drain(None, None)
+        events, self.pending_events = self.pending_events, []
+        return events
+
+    # ------------------------------------------------ steps of vLLM features not served here
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens=None
+    ) -> None:
+        """Full attention skips no tokens: nothing to remove."""
+
+    def new_step_starts(self) -> None:
+        """Nothing is kept per step."""
+
+    def take_new_block_ids(self) -> list[int]:
+        """No KV cache zeroing is served: always empty."""
+        return []
+
+    def take_kv_cache_block_copies(self) -> tuple[list, list]:
+        """No partial-block hits, so no copies: always empty."""
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict:
+        """No Mamba groups: always empty."""
+        return {}
+
+    def finalize_partial_tail_offloads(self, request) -> list:
+        """No Mamba groups: always empty."""
+        return []
