@@ -293,14 +293,38 @@ class Meter:
         Timed calls so far.
     per_method : dict
         ``"name" -> [calls, ns]``, names prefixed with the sub-object (``block_pool.x``).
+    inside : bool
+        A timed call is running (read by the garbage-collector callback).
+    gc_ns, gc_in_kv_ns, gc_count : int
+        Collector pauses so far: all of them, the part inside timed calls, how many.
     """
 
-    __slots__ = ("ns", "calls", "per_method")
+    __slots__ = ("ns", "calls", "per_method", "inside", "gc_ns", "gc_in_kv_ns", "gc_count", "_t")
 
     def __init__(self) -> None:
         self.ns = 0
         self.calls = 0
         self.per_method: dict[str, list[int]] = {}
+        self.inside = False
+        self.gc_ns = 0
+        self.gc_in_kv_ns = 0
+        self.gc_count = 0
+        self._t = 0
+
+    def gc_callback(self, phase: str, info: dict) -> None:
+        """``gc.callbacks`` hook: add each collection's pause, and whether a KV call paid it.
+
+        A collection runs when an allocation anywhere crosses the collector's threshold, so
+        the code that pays for it is partly chance; the report shows it apart.
+        """
+        if phase == "start":
+            self._t = time.perf_counter_ns()
+            return
+        dt = time.perf_counter_ns() - self._t
+        self.gc_ns += dt
+        self.gc_count += 1
+        if self.inside:
+            self.gc_in_kv_ns += dt
 
     def record(self, name: str) -> list[int]:
         """The ``[calls, ns]`` cell of one method (created empty)."""
@@ -312,11 +336,13 @@ def _timed(fn, meter: Meter, cell: list[int]):
     clock = time.perf_counter_ns
 
     def timed(*args, **kwargs):
+        meter.inside = True
         t0 = clock()
         try:
             return fn(*args, **kwargs)
         finally:
             dt = clock() - t0
+            meter.inside = False
             meter.ns += dt
             meter.calls += 1
             cell[0] += 1
@@ -362,11 +388,13 @@ class TimedProxy:
         static = inspect.getattr_static(target, name, None)
         if isinstance(static, property) and not name.startswith("_"):
             cell = meter.record(prefix + name)
+            meter.inside = True
             t0 = time.perf_counter_ns()
             try:
                 return getattr(target, name)
             finally:
                 dt = time.perf_counter_ns() - t0
+                meter.inside = False
                 meter.ns += dt
                 meter.calls += 1
                 cell[0] += 1
@@ -589,6 +617,9 @@ STEP_FIELDS = (
     "preempted_queries",
     "preempted_hits",
     "finished",
+    "gc_ns",
+    "gc_kv_ns",
+    "step_cpu_ns",
 )
 
 
@@ -629,6 +660,7 @@ def run_stream(
     *,
     max_steps: int,
     expect_kvnumba: bool = False,
+    gc_mode: str = "freeze",
 ) -> RunResult:
     """Drive one new scheduler of class ``cls`` through ``stream`` until every request ends.
 
@@ -647,6 +679,10 @@ def run_stream(
     expect_kvnumba : bool
         The scheduler must have built kvnumba's manager; if it fell back to vLLM's, the run is
         not made and reported as failed.
+    gc_mode : {"freeze", "on", "off"}
+        ``freeze``: ``gc.freeze()`` once the scheduler exists, as vLLM's ``EngineCore`` does;
+        ``on``: the collector as Python sets it; ``off``: disabled during the run (the
+        managers' own cost, without collector pauses).
 
     Returns
     -------
@@ -655,9 +691,9 @@ def run_stream(
     res = RunResult(label)
     steps = {k: [] for k in STEP_FIELDS}
     res.steps = steps
-    requests = [engine.request(s) for s in stream.specs]
-    arrivals = [s.arrival_step for s in stream.specs]
-    token_seed = {s.req_id: i for i, s in enumerate(stream.specs)}
+    # Objects a previous run froze can go now.
+    gc.unfreeze()
+    gc.collect()
     scheduler = engine.scheduler(cls)
     real_mgr = scheduler.kv_cache_manager
     res.manager_class = f"{type(real_mgr).__module__}.{type(real_mgr).__qualname__}"
@@ -677,13 +713,27 @@ def run_stream(
     meter = Meter()
     children = [c for c in ("block_pool", "coordinator") if hasattr(real_mgr, c)]
     scheduler.kv_cache_manager = TimedProxy(real_mgr, meter, children=children)
+    gc.collect()
+    if gc_mode == "freeze":
+        # As vLLM's EngineCore does once the scheduler and KV cache exist (freeze_gc_heap):
+        # what is alive now is never scanned again, so collections during the run see only
+        # what the run allocates, and one run's leftovers do not slow the next one down.
+        gc.freeze()
+    elif gc_mode == "off":
+        gc.disable()
+    gc.callbacks.append(meter.gc_callback)
+    # Requests are made after the freeze, as in an engine where they arrive later; building them
+    # (and their block hashes) is outside the timed calls.
+    requests = [engine.request(s) for s in stream.specs]
+    arrivals = [s.arrival_step for s in stream.specs]
+    token_seed = {s.req_id: i for i, s in enumerate(stream.specs)}
     clock = time.perf_counter_ns
+    cpu = time.thread_time_ns
     nxt = 0
     vstep = 0
     n_steps = 0
     so = None
     phase = "add_request"
-    gc.collect()
     t_start = time.perf_counter()
     try:
         while nxt < len(requests) or scheduler.has_unfinished_requests():
@@ -699,16 +749,26 @@ def run_stream(
             phase = "schedule"
             so = None
             m0, c0 = meter.ns, meter.calls
+            g0, gk0 = meter.gc_ns, meter.gc_in_kv_ns
+            # CPU time of the thread (the cores are shared: wall time includes time the process
+            # was not running); read outside the wall-clock windows, it costs about 1 us.
+            u0 = cpu()
             t0 = clock()
             so = scheduler.schedule()
             t1 = clock()
+            u1 = cpu()
             phase = "update_from_output"
             mro = fake_output(scheduler, so, token_seed)
+            u2 = cpu()
             t2 = clock()
             outs = scheduler.update_from_output(so, mro)
             t3 = clock()
+            u3 = cpu()
+            steps["step_cpu_ns"].append((u1 - u0) + (u3 - u2))
             steps["kv_ns"].append(meter.ns - m0)
             steps["kv_calls"].append(meter.calls - c0)
+            steps["gc_ns"].append(meter.gc_ns - g0)
+            steps["gc_kv_ns"].append(meter.gc_in_kv_ns - gk0)
             steps["sched_ns"].append(t1 - t0)
             steps["update_ns"].append(t3 - t2)
             steps["tokens"].append(so.total_num_scheduled_tokens)
@@ -748,6 +808,9 @@ def run_stream(
             "traceback": traceback.format_exc(),
         }
     res.wall_s = time.perf_counter() - t_start
+    gc.callbacks.remove(meter.gc_callback)
+    gc.enable()
+    gc.unfreeze()
     res.per_method = {k: list(v) for k, v in meter.per_method.items()}
     return res
 
@@ -826,9 +889,20 @@ def summarize(res: RunResult, skip: int, overhead_ns: float) -> dict:
         "steps": len(s["kv_ns"]),
         "kv_us": {k: v / 1e3 if k != "n" else v for k, v in _stats(s["kv_ns"], skip).items()},
         "step_us": {k: v / 1e3 if k != "n" else v for k, v in _stats(step_ns, skip).items()},
+        "step_cpu_us": {
+            k: v / 1e3 if k != "n" else v for k, v in _stats(s["step_cpu_ns"], skip).items()
+        },
         "schedule_us": _stats(s["sched_ns"], skip)["median"] / 1e3,
         "update_us": _stats(s["update_ns"], skip)["median"] / 1e3,
         "kv_calls": _stats(s["kv_calls"], skip),
+        "kv_less_gc_us": {
+            k: v / 1e3 if k != "n" else v
+            for k, v in _stats(
+                [a - b for a, b in zip(s["kv_ns"], s["gc_kv_ns"], strict=True)], skip
+            ).items()
+        },
+        "gc_us_mean": _stats(s["gc_ns"], skip)["mean"] / 1e3,
+        "gc_in_kv_us_mean": _stats(s["gc_kv_ns"], skip)["mean"] / 1e3,
         "kv_net_mean_us": (
             _stats(s["kv_ns"], skip)["mean"] - _stats(s["kv_calls"], skip)["mean"] * overhead_ns
         )
@@ -844,6 +918,34 @@ def summarize(res: RunResult, skip: int, overhead_ns: float) -> dict:
         "wall_s": round(res.wall_s, 2),
         "error": res.error,
     }
+
+
+def add_floors(summaries: list[dict], results: list[RunResult], skip: int) -> None:
+    """Add ``kv_floor_us`` and ``step_floor_us`` to every summary of one manager.
+
+    Each step's time is taken as its minimum over the repetitions. Every repetition schedules
+    the same steps (checked), so this pairs equal work, and a step slowed by another process
+    on the shared cores in one repetition is read from another. Without at least two complete
+    repetitions of equal length the floors are NaN.
+    """
+    ok = [r for r in results if r.error is None]
+    lengths = {len(r.steps["kv_ns"]) for r in ok}
+    nan = {"median": float("nan"), "mean": float("nan"), "p90": float("nan"), "n": 0}
+    if len(ok) < 2 or len(lengths) != 1:
+        floors = {"kv_floor_us": nan, "step_floor_us": nan}
+    else:
+        kv = np.min([r.steps["kv_ns"] for r in ok], axis=0)
+        step = np.min([np.add(r.steps["sched_ns"], r.steps["update_ns"]) for r in ok], axis=0)
+        floors = {
+            "kv_floor_us": {
+                k: v / 1e3 if k != "n" else v for k, v in _stats(kv.tolist(), skip).items()
+            },
+            "step_floor_us": {
+                k: v / 1e3 if k != "n" else v for k, v in _stats(step.tolist(), skip).items()
+            },
+        }
+    for s in summaries:
+        s.update(floors)
 
 
 def _fmt(x: float, digits: int = 1) -> str:
@@ -871,34 +973,58 @@ def markdown_table(groups: dict[str, list[dict]], base: str, other: str) -> str:
         return statistics.median(vals)
 
     def ratio(path):
-        # Ratio per repetition (same process, adjacent runs), then the median of the ratios.
+        # Ratio per repetition (same process, adjacent runs), then the median of the ratios,
+        # with their range when there are several (the spread the shared cores cause).
         rs = []
         for a, b in zip(groups[base], groups[other], strict=False):
             va, vb = a, b
             for p in path:
                 va, vb = va[p], vb[p]
             rs.append(vb / va if va else float("nan"))
-        return statistics.median(rs) if rs else float("nan")
+        if not rs:
+            return "-"
+        text = _fmt(statistics.median(rs), 2)
+        if len(rs) > 1 and min(rs) != max(rs):
+            text += f" ({_fmt(min(rs), 2)}-{_fmt(max(rs), 2)})"
+        return text
 
     rows = [
         ("KV-manager time per step, median (us)", ("kv_us", "median"), 1),
         ("KV-manager time per step, mean (us)", ("kv_us", "mean"), 1),
         ("KV-manager time per step, p90 (us)", ("kv_us", "p90"), 1),
         ("KV-manager time per step, mean, less timing cost (us)", ("kv_net_mean_us",), 1),
+        (
+            "KV-manager time per step, per-step minimum over repetitions, median (us)",
+            ("kv_floor_us", "median"),
+            1,
+        ),
+        (
+            "KV-manager time per step, per-step minimum over repetitions, mean (us)",
+            ("kv_floor_us", "mean"),
+            1,
+        ),
+        (
+            "KV-manager time per step, per-step minimum over repetitions, p90 (us)",
+            ("kv_floor_us", "p90"),
+            1,
+        ),
+        ("GC pauses inside KV-manager calls per step, mean (us)", ("gc_in_kv_us_mean",), 1),
         ("schedule() + update_from_output() per step, median (us)", ("step_us", "median"), 1),
         ("schedule() + update_from_output() per step, mean (us)", ("step_us", "mean"), 1),
+        ("same, per-step minimum over repetitions, mean (us)", ("step_floor_us", "mean"), 1),
+        ("same, thread CPU time, median (us)", ("step_cpu_us", "median"), 1),
+        ("same, thread CPU time, mean (us)", ("step_cpu_us", "mean"), 1),
         ("KV-manager calls per step, mean", ("kv_calls", "mean"), 1),
         ("KV-manager calls per step, median", ("kv_calls", "median"), 0),
         ("KV-manager share of step time", ("kv_share_of_step",), 3),
     ]
     lines = [
-        f"| per scheduler step | {base} | {other} | {other} / {base} |",
+        f"| per scheduler step | {base} | {other} | {other} / {base} (range) |",
         "| --- | ---: | ---: | ---: |",
     ]
     for name, path, d in rows:
         lines.append(
-            f"| {name} | {_fmt(med(base, path), d)} | {_fmt(med(other, path), d)} "
-            f"| {_fmt(ratio(path), 2)} |"
+            f"| {name} | {_fmt(med(base, path), d)} | {_fmt(med(other, path), d)} | {ratio(path)} |"
         )
     for name, key in (
         ("steps", "steps"),
@@ -987,6 +1113,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     r.add_argument("--repeat", type=int, default=3, help="repetitions of every run (alternating)")
     r.add_argument("--warmup-requests", type=int, default=24, help="requests of the warm-up run")
+    r.add_argument(
+        "--gc",
+        choices=("freeze", "on", "off"),
+        default="freeze",
+        help="garbage collector during runs: freeze what exists once the scheduler is built "
+        "(vLLM's EngineCore does), plain, or disabled",
+    )
     r.add_argument("--skip-steps", type=int, default=0, help="leading steps left out of stats")
     r.add_argument("--max-steps", type=int, default=200_000)
     r.add_argument("--json", metavar="PATH", help="write summaries, checks and per-step data")
@@ -1061,6 +1194,7 @@ def main(argv=None) -> int:
             warm,
             max_steps=args.max_steps,
             expect_kvnumba=label == "kvnumba",
+            gc_mode=args.gc,
         )
         log(f"warm-up {label}: {len(w.scheduled)} steps in {time.perf_counter() - t:.1f} s")
         if w.error:
@@ -1076,6 +1210,7 @@ def main(argv=None) -> int:
                 stream,
                 max_steps=args.max_steps,
                 expect_kvnumba=label == "kvnumba",
+                gc_mode=args.gc,
             )
             runs[label].append(res)
             log(
@@ -1095,6 +1230,8 @@ def main(argv=None) -> int:
             if r is not ref:
                 checks[f"{lab}#{i}"] = compare(ref, r)
     groups = {lab: [summarize(r, args.skip_steps, overhead) for r in runs[lab]] for lab in labels}
+    for lab in labels:
+        add_floors(groups[lab], runs[lab], args.skip_steps)
     report = render(args, stream, groups, runs, checks, labels, overhead, notes)
     print(report)
     if args.markdown:
@@ -1155,7 +1292,8 @@ def render(args, stream, groups, runs, checks, labels, overhead, notes) -> str:
         f"{args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens} (chunked "
         f"prefill), max_model_len {args.max_model_len}",
         f"- runs: {args.repeat} repetitions of each, alternating order, after a "
-        f"{args.warmup_requests}-request warm-up run of each; {args.skip_steps} leading steps "
+        f"{args.warmup_requests}-request warm-up run of each; garbage collector: {args.gc}; "
+        f"{args.skip_steps} leading steps "
         "skipped; numbers are medians over repetitions (ratios: median of per-repetition ratios)",
         f"- timing wrapper cost: about {overhead:.0f} ns per timed call, included in both KV "
         "columns (subtracted only in the 'less timing cost' row)",
