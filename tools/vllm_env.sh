@@ -73,6 +73,8 @@ test_env() {
     export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
     export PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV"
     export PIP_DISABLE_PIP_VERSION_CHECK=1
+    # kvnumba's kernels compile once into the cache, not once per run.
+    export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$CACHE/numba}
 }
 
 vpip() { "$VENV/bin/python" -m pip "$@"; }

@@ -215,6 +215,8 @@ class CoordinatorView:
         self.single_type_managers = (SingleTypeManagerView(owner, kv_cache_spec),)
         self.block_size = owner.block_size
         self.eagle_group_ids = {0} if owner.use_eagle else set()
+        # Served only unset or 0 (which full attention ignores).
+        self.retention_interval = owner.kv_cache_config.prefix_cache_retention_interval
 
     def get_num_blocks_to_allocate(
         self,

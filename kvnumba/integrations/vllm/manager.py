@@ -1,18 +1,20 @@
 """``KVNumbaKVCacheManager``: vLLM 0.33.0's ``KVCacheManager`` interface over kvnumba.
 
 One vLLM request is one kvnumba sequence, created by ``admit`` on the request's first
-``allocate_slots`` and released by ``free``. The sequence's length is the number of token slots
-vLLM has asked for so far (computed + new + lookahead tokens, capped at ``max_model_len``); it
-only grows, as vLLM's block list only grows while a request runs, so the sequence holds exactly
-``ceil(slots / block_size)`` blocks, vLLM's count. vLLM's block hashes (the request's
+``allocate_slots`` and released by ``free``. The sequence holds ``ceil(slots / block_size)``
+whole blocks, where ``slots`` is the most token slots vLLM has asked for (computed + new +
+lookahead tokens, capped at ``max_model_len``): vLLM's block count, which only grows while a
+request runs. Its kvnumba length is that many blocks times the block size, so a decode step
+whose tail block has room makes no kvnumba call at all. vLLM's block hashes (the request's
 ``block_hashes``) are kvnumba's block keys: the leading keys of a new request find its prefix
-hits, and the keys of the blocks that become full and hashable are registered with ``admit`` /
+hits, and the keys of the blocks that become full and final are registered with ``admit`` /
 ``set_keys``. Block 0 is reserved: vLLM's null block. ``docs/vllm.md`` has the full mapping.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from vllm.distributed.kv_events import AllBlocksCleared, BlockStored
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
@@ -34,14 +36,15 @@ _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class _Held:
-    """A request's kvnumba sequence: id, table row, slots held, blocks, blocks with keys."""
+    """A request's kvnumba sequence: id (also as a one-item array, the form kvnumba's calls
+    take without conversion), table row, blocks held, leading blocks with keys."""
 
-    __slots__ = ("seq", "slot", "length", "nblocks", "ncached")
+    __slots__ = ("seq", "ids", "slot", "nblocks", "ncached")
 
-    def __init__(self, seq: int, slot: int, length: int, nblocks: int, ncached: int) -> None:
+    def __init__(self, seq: int, slot: int, nblocks: int, ncached: int) -> None:
         self.seq = seq
+        self.ids = np.array([seq], dtype=np.int64)
         self.slot = slot
-        self.length = length
         self.nblocks = nblocks
         self.ncached = ncached
 
@@ -130,7 +133,8 @@ class KVNumbaKVCacheManager:
             num_blocks,
             self.block_size,
             max_seqs=max(1, max_seqs),
-            max_seq_len=max_model_len,
+            # Sequences hold whole blocks (see _admit): round the cap up to a block.
+            max_seq_len=-(-max_model_len // self.block_size) * self.block_size,
             prefix_caching=enable_caching,
             reserved_blocks=1,
             block_keys=True,
@@ -150,6 +154,11 @@ class KVNumbaKVCacheManager:
         # The last lookup's hit ids, so that allocate_slots counts the hits at refcount 0
         # without reading them back from the block objects.
         self._last_hits: tuple[str, np.ndarray] | None = None
+        # One-request argument arrays, reused: kvnumba passes int64 arrays through unconverted.
+        self._count = np.zeros(1, dtype=np.int64)
+        self._admit_args = np.zeros((3, 1), dtype=np.int64)  # lengths, key counts, hit caps
+        self._key_args = np.zeros((2, 1), dtype=np.int64)  # starts, counts
+        self._lookup_args = np.zeros((2, 1), dtype=np.int64)  # lengths, key counts
         self.block_pool = BlockPoolView(self)
         self._blocks = self.block_pool.blocks
         self.coordinator = CoordinatorView(self, spec)
@@ -253,9 +262,9 @@ class KVNumbaKVCacheManager:
         if n <= 0:
             return self.empty_kv_cache_blocks, 0, 0
         # Length n blocks + 1 token: kvnumba's last-token rule then allows exactly n hits.
-        found = self.kvnumba.lookup(
-            None, [n * self.block_size + 1], keys=self._keys(hashes, 0, n), key_counts=[n]
-        )
+        arg = self._lookup_args
+        arg[0, 0], arg[1, 0] = n * self.block_size + 1, n
+        found = self.kvnumba.lookup(None, arg[0], keys=self._keys(hashes, 0, n), key_counts=arg[1])
         hits = int(found.num_cached_tokens[0]) // self.block_size
         if self.use_eagle and hits:
             hits -= 1  # EAGLE recomputes the last hit block for its hidden states
@@ -269,6 +278,12 @@ class KVNumbaKVCacheManager:
                 _events.block_stored(request, 0, hits, self.block_size, kind)
             )
         return self._wrap(ids), hits * self.block_size, 0
+
+    def get_computed_blocks_for_connector(
+        self, request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int, bool]:
+        """:meth:`get_computed_blocks` plus ``hit_diverged`` (always False: one group)."""
+        return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks) -> int:
         """Blocks vLLM counts against the free pool to give a request ``num_tokens`` slots.
@@ -308,11 +323,11 @@ class KVNumbaKVCacheManager:
         """Give ``request`` slots for its new (and lookahead) tokens; None if they do not fit.
 
         A new request is admitted (``admit`` claims its hits, allocates the rest and registers
-        the keys of its full blocks); a held one grows (``append``) and registers the keys of
-        blocks that became full (``set_keys``). Only tokens up to ``request.num_tokens`` are
-        cached (draft tokens are not final). Arguments as vLLM's ``allocate_slots``;
-        external tokens, delayed caching and encoder tokens (KV connectors, encoder-decoder
-        models) are not served.
+        the keys of its full blocks); a held one grows (``append``, only when it needs another
+        block) and registers the keys of blocks that became full (``set_keys``). Only tokens
+        up to ``request.num_tokens`` are cached (draft tokens are not final). Arguments as
+        vLLM's ``allocate_slots``; external tokens, delayed caching and encoder tokens (KV
+        connectors, encoder-decoder models) are not served.
 
         Returns
         -------
@@ -331,44 +346,74 @@ class KVNumbaKVCacheManager:
                 "(KVNumbaScheduler keeps vLLM's manager for them)"
             )
         hit_blocks = () if new_computed_blocks is None else new_computed_blocks.blocks[0]
-        total_computed = min(
-            request.num_computed_tokens + num_new_computed_tokens, self.max_model_len
-        )
-        watermark = 0
-        if has_scheduled_reqs and request.status in _ADMITTING:
-            watermark = self.watermark_blocks
+        computed = request.num_computed_tokens + num_new_computed_tokens
+        if computed > self.max_model_len:
+            computed = self.max_model_len
         rid = request.request_id
-        free = self._num_free()
+        held = self.held.get(rid)
+        if held is not None and hit_blocks:
+            raise ValueError(f"request {rid} already holds blocks; it takes no prefix hits")
+        watermark = 0
+        if self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING:
+            watermark = self.watermark_blocks
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
-            if self.num_blocks_to_allocate(rid, full, hit_blocks) + watermark > free:
+            if self.num_blocks_to_allocate(rid, full, hit_blocks) + watermark > self._num_free():
                 return None
-        slots = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        needed = self.num_blocks_to_allocate(rid, slots, hit_blocks)
-        if needed + watermark > free - reserved_blocks:
-            return None
-        to_cache = min(total_computed + num_new_tokens, request.num_tokens)
-        held = self.held.get(rid)
+        slots = computed + num_new_tokens + num_lookahead_tokens
+        if slots > self.max_model_len:
+            slots = self.max_model_len
+        to_cache = computed + num_new_tokens
+        if to_cache > request.num_tokens:
+            to_cache = request.num_tokens
         if held is None:
+            needed = self.num_blocks_to_allocate(rid, slots, hit_blocks)
+            if needed + watermark > self._num_free() - reserved_blocks:
+                return None
             return self._admit(request, slots, len(hit_blocks), to_cache)
-        if hit_blocks:
-            raise ValueError(f"request {rid} already holds blocks; it takes no prefix hits")
-        return self._grow(held, request, slots, to_cache)
+        # A running request: the decode step. Usually its tail block has room, and then no
+        # kvnumba call is made at all (vLLM's manager allocates nothing either).
+        nblocks = -(-slots // self.block_size)
+        needed = nblocks - held.nblocks
+        if needed < 0:
+            needed = 0  # rejected draft tokens: vLLM keeps their blocks
+        if needed + watermark > self._usable - int(self._meta[M_USED]) - reserved_blocks:
+            return None
+        old = held.nblocks
+        if needed:
+            self._count[0] = needed * self.block_size
+            self.kvnumba.append(held.ids, self._count)
+            held.nblocks = nblocks
+        if self.enable_caching and to_cache >= (held.ncached + 1) * self.block_size:
+            self._cache_upto(held, request, to_cache)
+        if needed == 0:
+            return self.empty_kv_cache_blocks
+        if self._events_on:
+            self._drain(request, held)
+        return self._wrap(self._table[held.slot, old:nblocks])
 
     def _admit(self, request, slots: int, num_hits: int, to_cache: int) -> KVCacheBlocks | None:
-        """First allocation of a request: one kvnumba ``admit``."""
+        """First allocation of a request: one kvnumba ``admit`` of its blocks.
+
+        The kvnumba sequence holds whole blocks (``ceil(slots / block_size)`` of them): its
+        length is a block multiple, so that later steps call kvnumba only when they need
+        another block.
+        """
         bs = self.block_size
         hashes = request.block_hashes
+        nblocks = -(-slots // bs)
         num_keys = 0
         if self.enable_caching:
-            num_keys = max(min(to_cache, len(hashes) * bs, slots) // bs, num_hits)
+            num_keys = max(min(to_cache, len(hashes) * bs) // bs, num_hits)
+        arg = self._admit_args
+        arg[0, 0], arg[1, 0], arg[2, 0] = nblocks * bs, num_keys, num_hits
         try:
             got = self.kvnumba.admit(
                 None,
-                [slots],
+                arg[0],
                 keys=self._keys(hashes, 0, num_keys),
-                key_counts=[num_keys],
-                max_hit_blocks=[num_hits],
+                key_counts=arg[1],
+                max_hit_blocks=arg[2],
             )
         except (kvnumba.PoolExhausted, kvnumba.TooManySequences):
             return None
@@ -381,39 +426,24 @@ class KVNumbaKVCacheManager:
                 "cached (get_computed_blocks and allocate_slots must not be separated by calls "
                 "that evict)"
             )
-        held = _Held(seq, seq & self._slot_mask, slots, -(-slots // bs), num_keys)
+        held = _Held(seq, seq & self._slot_mask, nblocks, num_keys)
         self.held[request.request_id] = held
         self._last_hits = None
         if self._events_on:
             self._drain(request, held)
-        return self._wrap(self._table[held.slot, num_hits : held.nblocks])
-
-    def _grow(self, held: _Held, request, slots: int, to_cache: int) -> KVCacheBlocks | None:
-        """Later allocation of a held request: ``append`` the missing slots, register keys."""
-        old = held.nblocks
-        if slots > held.length:
-            try:
-                self.kvnumba.append([held.seq], [slots - held.length])
-            except kvnumba.PoolExhausted:
-                return None
-            held.length = slots
-            held.nblocks = -(-slots // self.block_size)
-        if self.enable_caching:
-            self._cache_upto(held, request, to_cache)
-        if self._events_on:
-            self._drain(request, held)
-        if held.nblocks == old:
-            return self.empty_kv_cache_blocks
-        return self._wrap(self._table[held.slot, old : held.nblocks])
+        return self._wrap(self._table[held.slot, num_hits:nblocks])
 
     def _cache_upto(self, held: _Held, request, num_tokens: int) -> None:
         """Register the keys of the request's blocks full within its first ``num_tokens``."""
         hashes = request.block_hashes
-        full = min(num_tokens, len(hashes) * self.block_size, held.length) // self.block_size
+        full = min(num_tokens, len(hashes) * self.block_size) // self.block_size
+        if full > held.nblocks:
+            full = held.nblocks
         if full <= held.ncached:
             return
-        keys = self._keys(hashes, held.ncached, full)
-        self.kvnumba.set_keys([held.seq], [held.ncached], [full - held.ncached], keys)
+        arg = self._key_args
+        arg[0, 0], arg[1, 0] = held.ncached, full - held.ncached
+        self.kvnumba.set_keys(held.ids, arg[0], arg[1], self._keys(hashes, held.ncached, full))
         held.ncached = full
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
@@ -429,7 +459,7 @@ class KVNumbaKVCacheManager:
         """Release the request's sequence (tail block first; keyed blocks stay cached)."""
         held = self.held.pop(request.request_id, None)
         if held is not None:
-            self.kvnumba.release([held.seq])
+            self.kvnumba.release(held.ids)
 
     # ------------------------------------------------------------------------- block access
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
@@ -496,8 +526,6 @@ class KVNumbaKVCacheManager:
         if self._events_on:
             # vLLM reports one AllBlocksCleared, not a removal per block.
             self.kvnumba.take_events()
-            from vllm.distributed.kv_events import AllBlocksCleared
-
             self.pending_events.append(AllBlocksCleared())
         if self.log_stats:
             self.prefix_cache_stats.reset = True
@@ -529,6 +557,17 @@ class KVNumbaKVCacheManager:
             return []
         self._drain(None, None)
         events, self.pending_events = self.pending_events, []
+        # Events queued by others (vLLM's connectors append to the pool's queue) get the
+        # group's spec metadata here, as vLLM's take_events annotates them.
+        for event in events:
+            if not isinstance(event, BlockStored) or event.group_idx is None:
+                continue
+            if event.group_idx != 0:
+                logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
+                continue
+            event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = (
+                self.kv_cache_event_metadata[0]
+            )
         return events
 
     # ------------------------------------------------ steps of vLLM features not served here

@@ -115,6 +115,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
         f"{counts['mixed']} built both kinds, {counts['vllm']} only vLLM's (fallback), "
         f"{counts['none']} none"
     )
+    from kvnumba.integrations.vllm.scheduler import fallback_reasons
+
+    for reason, n in fallback_reasons.most_common():
+        terminalreporter.write_line(f"kvnumba-vllm: fell back {n} times: {reason}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -11,6 +11,7 @@ served, else it logs why and builds vLLM's own manager.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -42,6 +43,9 @@ _switch = _Switch()
 
 # Managers built since import, by kind: the pytest plugin reports which tests ran on kvnumba.
 built = {"kvnumba": 0, "vllm": 0}
+# Why vLLM's manager was kept, with counts (a plain constructor call while disabled is not
+# counted here).
+fallback_reasons: collections.Counter[str] = collections.Counter()
 
 
 @contextlib.contextmanager
@@ -84,6 +88,7 @@ class SwitchingKVCacheManager(_VLLM_KV_CACHE_MANAGER):
         if reason is not None:
             logger.warning("kvnumba: keeping vLLM's KV cache manager: %s", reason)
             built["vllm"] += 1
+            fallback_reasons[reason] += 1
             return super().__new__(cls)
         built["kvnumba"] += 1
         return KVNumbaKVCacheManager(kv_cache_config, *args, **kwargs, max_seqs=_switch.max_seqs)
