@@ -579,6 +579,10 @@ class RunResult:
         ``preempted_hits``, ``finished``.
     scheduled : list of tuple
         Per step, the sorted ``(req_id, tokens)`` pairs scheduled.
+    new_blocks : list of tuple
+        Per step, the sorted ``(req_id, blocks)`` pairs of block ids handed to the model runner
+        (all of a new or resumed request's, the new ones of a running request). The ids
+        themselves may differ between managers; how many may not.
     cached_tokens : dict
         ``req_id -> (local cached tokens, cache-creation tokens)`` of the request's prefill,
         from the ``PrefillStats`` vLLM attaches to the request's first output.
@@ -595,6 +599,7 @@ class RunResult:
     label: str
     steps: dict = field(default_factory=dict)
     scheduled: list = field(default_factory=list)
+    new_blocks: list = field(default_factory=list)
     cached_tokens: dict = field(default_factory=dict)
     per_method: dict = field(default_factory=dict)
     add_kv_ns: int = 0
@@ -621,6 +626,16 @@ STEP_FIELDS = (
     "gc_kv_ns",
     "step_cpu_ns",
 )
+
+
+def new_block_counts(so) -> tuple:
+    """Sorted ``(req_id, number of block ids)`` the step hands to the model runner."""
+    out = [(r.req_id, sum(len(g) for g in r.block_ids)) for r in so.scheduled_new_reqs]
+    cached = so.scheduled_cached_reqs
+    for rid, ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
+        if ids is not None:
+            out.append((rid, sum(len(g) for g in ids)))
+    return tuple(sorted(out))
 
 
 def fake_output(scheduler, so, token_seed: dict[str, int]):
@@ -773,6 +788,7 @@ def run_stream(
             steps["update_ns"].append(t3 - t2)
             steps["tokens"].append(so.total_num_scheduled_tokens)
             res.scheduled.append(tuple(sorted(so.num_scheduled_tokens.items())))
+            res.new_blocks.append(new_block_counts(so))
             steps["preempted"].append(len(so.preempted_req_ids or ()))
             stats = next(
                 (o.scheduler_stats for o in outs.values() if o.scheduler_stats is not None), None
@@ -841,6 +857,11 @@ def compare(ref: RunResult, other: RunResult, limit: int = 5) -> dict:
         "differing_steps": len(diff),
         "first_step": diff[0] if diff else None,
     }
+    diff_b = [i for i in range(n) if ref.new_blocks[i] != other.new_blocks[i]]
+    out["new_blocks_per_request"] = {
+        "differing_steps": len(diff_b),
+        "first": [(i, ref.new_blocks[i], other.new_blocks[i]) for i in diff_b[:2]],
+    }
     keys = set(ref.cached_tokens) | set(other.cached_tokens)
     dc = sorted(k for k in keys if ref.cached_tokens.get(k) != other.cached_tokens.get(k))
     out["cached_tokens"] = {
@@ -851,6 +872,7 @@ def compare(ref: RunResult, other: RunResult, limit: int = 5) -> dict:
     out["identical"] = (
         len(ref.scheduled) == len(other.scheduled)
         and not diff
+        and not diff_b
         and not dc
         and all(out[k]["differing_steps"] == 0 for k in ("tokens", "queries", "hits", "preempted"))
     )
@@ -1313,8 +1335,9 @@ def render(args, stream, groups, runs, checks, labels, overhead, notes) -> str:
     for name, c in checks.items():
         if c["identical"]:
             lines.append(
-                f"- {name} vs {base}#0: identical (steps, tokens per request per step, "
-                "preemptions, prefix-cache queries/hits per step, cached tokens per request)"
+                f"- {name} vs {base}#0: identical (steps, tokens and new blocks per request per "
+                "step, preemptions, prefix-cache queries/hits per step, cached tokens per "
+                "request)"
             )
         else:
             lines.append(f"- {name} vs {base}#0: DIFFERENT: {json.dumps(c, default=str)}")
