@@ -1060,16 +1060,18 @@ def markdown_table(groups: dict[str, list[dict]], base: str, other: str) -> str:
 
 
 def method_table(groups: dict[str, list[dict]], runs: dict[str, list[RunResult]]) -> str:
-    """Calls and time per manager method, summed over the first repetition of each label."""
+    """Calls per run and ns per call of each manager method, medians over the repetitions."""
     labels = list(runs)
-    names = sorted({n for lab in labels for n in runs[lab][0].per_method})
+    names = sorted({n for lab in labels for r in runs[lab] for n in r.per_method})
     head = "| method | " + " | ".join(f"{lab} calls | {lab} ns/call" for lab in labels) + " |"
     lines = [head, "| --- |" + " ---: | ---: |" * len(labels)]
     for n in names:
         cells = []
         for lab in labels:
-            c, ns = runs[lab][0].per_method.get(n, [0, 0])
-            cells.append(f"{c:,} | {_fmt(ns / c, 0) if c else '-'}")
+            cells_n = [r.per_method.get(n, [0, 0]) for r in runs[lab]]
+            calls = statistics.median(c for c, _ in cells_n)
+            per = [ns / c for c, ns in cells_n if c]
+            cells.append(f"{calls:,.0f} | {_fmt(statistics.median(per), 0) if per else '-'}")
         lines.append(f"| `{n}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -1354,7 +1356,12 @@ def render(args, stream, groups, runs, checks, labels, overhead, notes) -> str:
                 err["traceback"].rstrip(),
                 "```",
             ]
-    lines += ["", "### Calls per KV-manager method (repetition 0)", "", method_table(groups, runs)]
+    lines += [
+        "",
+        "### Calls per KV-manager method (per run; ns per call: median over repetitions)",
+        "",
+        method_table(groups, runs),
+    ]
     return "\n".join(lines)
 
 
