@@ -820,6 +820,9 @@ def run_stream(
             "phase": phase,
             "requests_added": nxt,
             "scheduled_this_step": dict(so.num_scheduled_tokens) if so is not None else None,
+            # Which requests the scheduler held when it failed (the first 64 of each queue).
+            "running": [r.request_id for r in scheduler.running][:64],
+            "waiting": [r.request_id for r in list(scheduler.waiting)[:64]],
             "exception": f"{type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc(),
         }
@@ -1351,6 +1354,8 @@ def render(args, stream, groups, runs, checks, labels, overhead, notes) -> str:
                 f"- {lab}#{i}: step {err['step']}, in {err['phase']} (virtual step {err['virtual_step']}, "
                 f"{err['requests_added']} requests added): `{err['exception']}`",
                 f"  scheduled in that step: {err['scheduled_this_step']}",
+                f"  running: {err.get('running')}",
+                f"  waiting (head): {err.get('waiting')}",
                 "",
                 "```",
                 err["traceback"].rstrip(),
