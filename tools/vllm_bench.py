@@ -1326,6 +1326,7 @@ def render(args, stream, groups, runs, checks, labels, overhead, notes) -> str:
         "columns (subtracted only in the 'less timing cost' row)",
         "- manager classes: "
         + ", ".join(f"{lab} = `{groups[lab][0]['manager_class']}`" for lab in labels),
+        f"- kvnumba imported from `{env_info()['kvnumba_path']}`",
         f"- host: {os.cpu_count()} CPUs (shared), Python {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d %H:%M %Z')}",
     ]

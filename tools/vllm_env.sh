@@ -9,6 +9,13 @@
 #                                    to run on this machine (--all keeps them); extra ARGS go to
 #                                    pytest (e.g. -p some_plugin, -k expr). Prints one count line a
 #                                    file and a total line; exits with pytest's status.
+#   tools/vllm_env.sh compare [ARGS...]
+#                                    install this checkout, run the selected tests natively, then
+#                                    with kvnumba's manager (-p kvnumba.integrations.vllm.
+#                                    pytest_plugin, tools/vllm_allowlist.txt); prints one line
+#                                    "vllm-tests: P passed with kvnumba, N passed native, of T
+#                                    selected"; exits non-zero if a selected test that is not
+#                                    allowlisted fails with kvnumba (logs: $CACHE/compare/)
 #   tools/vllm_env.sh install-kvnumba [PATH]
 #                                    pip install -e PATH (default: this checkout) into the test
 #                                    venv, --no-deps (numba 0.65.0 and numpy are there already)
@@ -280,6 +287,48 @@ PY
     return "$rc"
 }
 
+install_kvnumba() {
+    python -m pip install -q --no-deps -e "${1:-$HERE/..}"
+}
+
+# compare [ARGS...]: the selected tests natively, then with kvnumba's manager; one summary line.
+compare_tests() {
+    build
+    test_env
+    install_kvnumba >&2
+    local out=$CACHE/compare
+    mkdir -p "$out"
+    export KVNUMBA_VLLM_DESELECT=$HERE/vllm_not_applicable.txt PYTHONPATH="$PYTHONPATH:$HERE"
+    log "native run (log: $out/native.log)"
+    (cd "$SRC" && python -m pytest -p no:cacheprovider -p vllm_select -q -rf \
+        --junitxml="$out/native.xml" "${TEST_FILES[@]}" "$@") >"$out/native.log" 2>&1 || true
+    log "kvnumba run (log: $out/kvnumba.log, per-test manager kinds: $out/kinds.json)"
+    local rc=0
+    (cd "$SRC" && KVNUMBA_VLLM_ALLOWLIST=$HERE/vllm_allowlist.txt \
+        KVNUMBA_VLLM_REPORT=$out/kinds.json python -m pytest -p no:cacheprovider -p vllm_select \
+        -p kvnumba.integrations.vllm.pytest_plugin -q -rfX --junitxml="$out/kvnumba.xml" \
+        "${TEST_FILES[@]}" "$@") >"$out/kvnumba.log" 2>&1 || rc=$?
+    grep -E '^kvnumba-vllm:|^(FAILED|ERROR|XPASS) ' "$out/kvnumba.log" >&2 || true
+    python - "$out/native.xml" "$out/kvnumba.xml" "$rc" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+
+def outcomes(path):
+    out = {}
+    for tc in ET.parse(path).iter("testcase"):
+        kind = next((c.tag for c in tc if c.tag in ("failure", "error", "skipped")), "passed")
+        out[tc.get("classname", "") + "::" + tc.get("name", "")] = kind
+    return out
+
+native, kvn = outcomes(sys.argv[1]), outcomes(sys.argv[2])
+failed = sorted(t for t, k in kvn.items() if k in ("failure", "error"))
+print(f"vllm-tests: {sum(k == 'passed' for k in kvn.values())} passed with kvnumba, "
+      f"{sum(k == 'passed' for k in native.values())} passed native, of {len(native)} selected")
+bad = bool(failed) or set(native) != set(kvn) or int(sys.argv[3]) not in (0, 1)
+sys.exit(1 if bad else 0)
+PY
+}
+
 case ${1:-run} in
 build) build ;;
 run) shift $(($# > 0 ? 1 : 0)); run_tests "$@" ;;
@@ -301,11 +350,12 @@ bench)
     export PYTHONPATH="$PYTHONPATH:${KVNUMBA_SRC:-$HERE/..}:$HERE"
     exec python "$HERE/vllm_bench.py" "$@"
     ;;
+compare) shift; compare_tests "$@" ;;
 install-kvnumba)
     shift
     build
     test_env
-    python -m pip install -q --no-deps -e "${1:-$HERE/..}"
+    install_kvnumba "$@"
     python -c 'import kvnumba, numba; print("kvnumba", kvnumba.__file__, "numba", numba.__version__)'
     ;;
 pip) shift; test_env; exec python -m pip "$@" ;;
@@ -314,5 +364,5 @@ info)
     du -sh "$VENV" "$PKG" "$SRC" "$HF" "$DL" 2>/dev/null || true
     du -sh "$CACHE" 2>/dev/null || true
     ;;
-*) sed -n '2,20p' "$0"; exit 2 ;;
+*) sed -n '2,27p' "$0"; exit 2 ;;
 esac

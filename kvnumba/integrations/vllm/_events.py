@@ -13,6 +13,7 @@ from __future__ import annotations
 from vllm.distributed.kv_events import MEDIUM_GPU, BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_utils import (
     generate_block_hash_extra_keys,
+    generate_lookahead_block_hash_extra_keys,
     maybe_convert_block_hash,
     to_event_extra_keys,
 )
@@ -23,7 +24,9 @@ STORED = 1  # kvnumba's event kinds (take_events().kind)
 REMOVED = 2
 
 
-def block_stored(request, first: int, stop: int, block_size: int, kind: str) -> BlockStored:
+def block_stored(
+    request, first: int, stop: int, block_size: int, kind: str, lookahead: int = 0
+) -> BlockStored:
     """``BlockStored`` for table positions ``first .. stop - 1`` of ``request`` (group 0).
 
     Parameters
@@ -36,6 +39,8 @@ def block_stored(request, first: int, stop: int, block_size: int, kind: str) -> 
         Tokens per block.
     kind : str
         ``KVCacheSpecKind`` value of the group, as vLLM annotates stored events.
+    lookahead : int, default 0
+        Tokens after each block that its hash covers (``num_hash_lookahead_tokens``).
 
     Returns
     -------
@@ -44,10 +49,17 @@ def block_stored(request, first: int, stop: int, block_size: int, kind: str) -> 
     """
     hashes = request.block_hashes
     extra, mm_idx = [], 0
+    ahead: list[list[int]] | None = [] if lookahead else None
+    tokens = request.all_token_ids
     for pos in range(first, stop):
-        keys, mm_idx = generate_block_hash_extra_keys(
-            request, pos * block_size, (pos + 1) * block_size, mm_idx
-        )
+        start, end = pos * block_size, (pos + 1) * block_size
+        if lookahead:
+            keys, mm_idx = generate_lookahead_block_hash_extra_keys(
+                request, start, end, end + lookahead, mm_idx
+            )
+            ahead.append(tokens[end : end + lookahead])
+        else:
+            keys, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
         extra.append(keys)
     lora = request.lora_request
     return BlockStored(
@@ -62,10 +74,13 @@ def block_stored(request, first: int, stop: int, block_size: int, kind: str) -> 
         group_idx=0,
         kv_cache_spec_kind=kind,
         session_id=request.session_id,
+        lookahead_token_ids=ahead,
     )
 
 
-def translate(events, positions, request, block_size: int, width: int, kind: str) -> list:
+def translate(
+    events, positions, request, block_size: int, width: int, kind: str, lookahead: int = 0
+) -> list:
     """vLLM events for kvnumba's event rows, in order.
 
     Parameters
@@ -81,6 +96,8 @@ def translate(events, positions, request, block_size: int, width: int, kind: str
         Tokens per block, digest length.
     kind : str
         ``KVCacheSpecKind`` value for stored events.
+    lookahead : int, default 0
+        ``num_hash_lookahead_tokens``.
 
     Returns
     -------
@@ -101,11 +118,11 @@ def translate(events, positions, request, block_size: int, width: int, kind: str
                 run_stop += 1
                 continue
             if run_first >= 0:
-                out.append(block_stored(request, run_first, run_stop, block_size, kind))
+                out.append(block_stored(request, run_first, run_stop, block_size, kind, lookahead))
             run_first, run_stop = pos, pos + 1
         elif k == REMOVED:
             if run_first >= 0:
-                out.append(block_stored(request, run_first, run_stop, block_size, kind))
+                out.append(block_stored(request, run_first, run_stop, block_size, kind, lookahead))
                 run_first = run_stop = -1
             digest = hash_from_key(key, width)
             out.append(
@@ -114,5 +131,5 @@ def translate(events, positions, request, block_size: int, width: int, kind: str
                 )
             )
     if run_first >= 0:
-        out.append(block_stored(request, run_first, run_stop, block_size, kind))
+        out.append(block_stored(request, run_first, run_stop, block_size, kind, lookahead))
     return out

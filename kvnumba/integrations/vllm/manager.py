@@ -100,8 +100,6 @@ class KVNumbaKVCacheManager:
             kv_cache_config,
             scheduler_block_size=scheduler_block_size,
             hash_block_size=hash_block_size,
-            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-            num_prefill_lookahead=num_prefill_lookahead,
             dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size,
             metrics_collector=metrics_collector,
@@ -127,6 +125,16 @@ class KVNumbaKVCacheManager:
         self.watermark_blocks = int(watermark * num_blocks)
         self.kv_cache_event_metadata = ((get_kv_cache_spec_kind(spec).value, None),)
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
+        self._hash_lookahead = num_hash_lookahead_tokens
+        # Multi-module MTP re-prefills the last num_prefill_lookahead - 1 computed tokens, so
+        # their KV is not final and their blocks are not cached yet (vLLM's coordinator).
+        self._reprefill = max(0, num_prefill_lookahead - 1)
+        eagle = use_eagle or kv_cache_config.kv_cache_groups[0].is_eagle_group
+        if enable_caching and eagle and self.block_size < num_prefill_lookahead:
+            raise ValueError(
+                f"Multi-module MTP with prefix caching requires scheduler_block_size"
+                f" (={self.block_size}) >= num_speculative_tokens (={num_prefill_lookahead})."
+            )
         if max_seqs is None:
             max_seqs = min(num_blocks - 1, 1024)
         self.kvnumba = kvnumba.BlockManager(
@@ -203,6 +211,7 @@ class KVNumbaKVCacheManager:
             self.block_size,
             self.hash_width,
             self.kv_cache_event_metadata[0][0],
+            self._hash_lookahead,
         )
 
     # ------------------------------------------------------------------------- properties
@@ -275,7 +284,7 @@ class KVNumbaKVCacheManager:
         if self._events_on and getattr(request, "kv_cache_report_mode", "incremental") == "full":
             kind = self.kv_cache_event_metadata[0][0]
             self.pending_events.append(
-                _events.block_stored(request, 0, hits, self.block_size, kind)
+                _events.block_stored(request, 0, hits, self.block_size, kind, self._hash_lookahead)
             )
         return self._wrap(ids), hits * self.block_size, 0
 
@@ -366,6 +375,7 @@ class KVNumbaKVCacheManager:
         to_cache = computed + num_new_tokens
         if to_cache > request.num_tokens:
             to_cache = request.num_tokens
+        to_cache -= self._reprefill
         if held is None:
             needed = self.num_blocks_to_allocate(rid, slots, hit_blocks)
             if needed + watermark > self._num_free() - reserved_blocks:
@@ -451,7 +461,7 @@ class KVNumbaKVCacheManager:
         held = self.held.get(request.request_id)
         if not self.enable_caching or held is None:
             return
-        self._cache_upto(held, request, num_computed_tokens)
+        self._cache_upto(held, request, num_computed_tokens - self._reprefill)
         if self._events_on:
             self._drain(request, held)
 

@@ -13,7 +13,8 @@ vLLM allocator internals a different allocator may legitimately differ on. They 
 and neither can an entry that names no collected test of a collected file (a usage error).
 
 Each test's manager kind is counted: ``KVNUMBA_VLLM_REPORT`` (a path) receives a JSON object
-``{nodeid: "kvnumba" | "vllm" | "mixed" | "none"}``, and the terminal summary prints the
+``{nodeid: "kvnumba" | "vllm" | "mixed" | "none"}`` (with the fallback reasons in
+parentheses), and the terminal summary prints the
 totals, so a pass that never touched kvnumba is not mistaken for one that did.
 """
 
@@ -96,20 +97,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
     """Count the managers of each kind the test built (setup, call and teardown)."""
-    from kvnumba.integrations.vllm.scheduler import built
+    from kvnumba.integrations.vllm.scheduler import built, fallback_reasons
 
-    before = dict(built)
+    before, reasons = dict(built), fallback_reasons.copy()
     yield
     k = built["kvnumba"] - before["kvnumba"]
     v = built["vllm"] - before["vllm"]
-    _kinds[item.nodeid] = "mixed" if k and v else "kvnumba" if k else "vllm" if v else "none"
+    kind = "mixed" if k and v else "kvnumba" if k else "vllm" if v else "none"
+    why = sorted(fallback_reasons - reasons)
+    _kinds[item.nodeid] = kind + (f" ({'; '.join(why)})" if why else "")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
     """One line: how many tests ran on kvnumba's manager, on vLLM's, on none."""
     counts = {kind: 0 for kind in ("kvnumba", "mixed", "vllm", "none")}
     for kind in _kinds.values():
-        counts[kind] += 1
+        counts[kind.split(" ", 1)[0]] += 1
     terminalreporter.write_line(
         f"kvnumba-vllm: {counts['kvnumba']} tests built kvnumba's manager only, "
         f"{counts['mixed']} built both kinds, {counts['vllm']} only vLLM's (fallback), "

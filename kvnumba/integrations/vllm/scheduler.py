@@ -106,8 +106,6 @@ def _manager_reason(kv_cache_config, args, kwargs) -> str | None:
         kv_cache_config,
         scheduler_block_size=named["scheduler_block_size"],
         hash_block_size=named["hash_block_size"],
-        num_hash_lookahead_tokens=named.get("num_hash_lookahead_tokens", 0),
-        num_prefill_lookahead=named.get("num_prefill_lookahead", 0),
         dcp_world_size=named.get("dcp_world_size", 1),
         pcp_world_size=named.get("pcp_world_size", 1),
         metrics_collector=named.get("metrics_collector"),

@@ -2,9 +2,8 @@
 
 kvnumba's manager serves exactly one full-attention KV cache group whose blocks are hashed at
 their own size, with none of the features that make vLLM's manager keep state kvnumba has no
-place for (KV connectors and their deferred frees, per-block metrics, KV cache zeroing, MTP
-re-prefill, lookahead hashes, context parallelism, HiSparse, retention intervals,
-encoder-decoder models). For anything else the caller builds vLLM's own manager; the reason is
+place for (KV connectors and their deferred frees, per-block metrics, KV cache zeroing, context
+parallelism, HiSparse, retention intervals, encoder-decoder models). For anything else the caller builds vLLM's own manager; the reason is
 logged once per construction.
 """
 
@@ -22,8 +21,6 @@ def manager_fallback_reason(
     *,
     scheduler_block_size: int,
     hash_block_size: int,
-    num_hash_lookahead_tokens: int = 0,
-    num_prefill_lookahead: int = 0,
     dcp_world_size: int = 1,
     pcp_world_size: int = 1,
     metrics_collector=None,
@@ -34,8 +31,7 @@ def manager_fallback_reason(
     ----------
     kv_cache_config : vllm.v1.kv_cache_interface.KVCacheConfig
         The model's KV cache layout.
-    scheduler_block_size, hash_block_size, num_hash_lookahead_tokens, num_prefill_lookahead,
-    dcp_world_size, pcp_world_size, metrics_collector
+    scheduler_block_size, hash_block_size, dcp_world_size, pcp_world_size, metrics_collector
         The ``KVCacheManager`` constructor arguments of the same names.
 
     Returns
@@ -63,10 +59,6 @@ def manager_fallback_reason(
             f"block size {spec.block_size}, scheduler block size {scheduler_block_size} and "
             f"hash block size {hash_block_size} differ (partial-block hits)"
         )
-    if num_hash_lookahead_tokens:
-        return "lookahead block hashes"
-    if num_prefill_lookahead:
-        return "multi-module MTP prefill lookahead"
     if dcp_world_size != 1 or pcp_world_size != 1:
         return "decode/prefill context parallelism"
     if metrics_collector is not None:
