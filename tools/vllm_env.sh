@@ -295,9 +295,9 @@ install_kvnumba() {
 compare_tests() {
     build
     test_env
-    install_kvnumba >&2
     local out=$CACHE/compare
     mkdir -p "$out"
+    install_kvnumba >"$out/install.log" 2>&1 || { cat "$out/install.log" >&2; die "install failed"; }
     export KVNUMBA_VLLM_DESELECT=$HERE/vllm_not_applicable.txt PYTHONPATH="$PYTHONPATH:$HERE"
     log "native run (log: $out/native.log)"
     (cd "$SRC" && python -m pytest -p no:cacheprovider -p vllm_select -q -rf \

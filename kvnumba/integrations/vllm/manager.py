@@ -580,6 +580,38 @@ class KVNumbaKVCacheManager:
             )
         return events
 
+    def check(self) -> None:
+        """Verify kvnumba's invariants and the adapter's bookkeeping against them (O(pool)).
+
+        Raises
+        ------
+        kvnumba.InvariantViolation
+            From kvnumba's own ``check()``, or when a held request's sequence is not live, its
+            table row, length or key count disagree with the adapter's record, or the blocks the
+            requests hold are not the blocks kvnumba counts as used.
+        """
+        self.kvnumba.check()
+        held_blocks = set()
+        for rid, held in self.held.items():
+            row = self._table[held.slot]
+            problem = None
+            if not self.kvnumba.is_live(held.seq):
+                problem = "its sequence is not live"
+            elif int(self.kvnumba.seq_lens(held.ids)[0]) != held.nblocks * self.block_size:
+                problem = "kvnumba's length is not its blocks times the block size"
+            elif int(np.count_nonzero(row >= 0)) != held.nblocks:
+                problem = f"its table row holds {int(np.count_nonzero(row >= 0))} blocks"
+            elif not 0 <= held.ncached <= held.nblocks:
+                problem = f"{held.ncached} keyed blocks of {held.nblocks}"
+            if problem is not None:
+                raise kvnumba.InvariantViolation(f"vLLM request {rid}: {problem}")
+            held_blocks.update(row[: held.nblocks].tolist())
+        used = int(self._meta[M_USED])
+        if len(held_blocks) != used or 0 in held_blocks:
+            raise kvnumba.InvariantViolation(
+                f"requests hold {len(held_blocks)} distinct blocks, kvnumba counts {used} used"
+            )
+
     # ------------------------------------------------ steps of vLLM features not served here
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens=None

@@ -12,7 +12,9 @@ vLLM allocator internals a different allocator may legitimately differ on. They 
 ``xfail(strict=True)``, so one that passes fails the run: the list cannot go stale silently,
 and neither can an entry that names no collected test of a collected file (a usage error).
 
-Each test's manager kind is counted: ``KVNUMBA_VLLM_REPORT`` (a path) receives a JSON object
+After each test body, every kvnumba manager the test built must pass
+``KVNumbaKVCacheManager.check()`` (kvnumba's invariants and the adapter's bookkeeping), or the
+test fails. Each test's manager kind is counted: ``KVNUMBA_VLLM_REPORT`` (a path) receives a JSON object
 ``{nodeid: "kvnumba" | "vllm" | "mixed" | "none"}`` (with the fallback reasons in
 parentheses), and the terminal summary prints the
 totals, so a pass that never touched kvnumba is not mistaken for one that did.
@@ -92,6 +94,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     stale = [k for k in listed if k not in seen and k.split("::", 1)[0] in files]
     if stale:
         raise pytest.UsageError(f"{path}: no collected test matches: {', '.join(stale)}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """After the test body, every kvnumba manager it built must pass its ``check()``."""
+    from kvnumba.integrations.vllm.scheduler import built, live_managers
+
+    before = built["kvnumba"]
+    result = yield
+    for manager in list(live_managers):
+        if manager.serial > before:
+            manager.check()  # kvnumba.InvariantViolation fails the test
+    return result
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator
 
 import vllm.v1.core.kv_cache_manager as _kv_cache_manager_module
@@ -46,6 +47,8 @@ built = {"kvnumba": 0, "vllm": 0}
 # Why vLLM's manager was kept, with counts (a plain constructor call while disabled is not
 # counted here).
 fallback_reasons: collections.Counter[str] = collections.Counter()
+# The kvnumba managers alive, so that a test harness can check them (``KVNumbaKVCacheManager.check``).
+live_managers: weakref.WeakSet = weakref.WeakSet()
 
 
 @contextlib.contextmanager
