@@ -594,6 +594,10 @@ class RunResult:
         Wall time of the run.
     error : dict or None
         Where and how the run failed (step, requests of that step, traceback).
+    manager_class : str
+        Class of the manager the scheduler built.
+    checked : bool
+        The manager's ``check()`` passed after the run drained.
     """
 
     label: str
@@ -606,6 +610,7 @@ class RunResult:
     wall_s: float = 0.0
     error: dict | None = None
     manager_class: str = ""
+    checked: bool = False
 
 
 STEP_FIELDS = (
@@ -676,6 +681,7 @@ def run_stream(
     max_steps: int,
     expect_kvnumba: bool = False,
     gc_mode: str = "freeze",
+    check_every: int = 0,
 ) -> RunResult:
     """Drive one new scheduler of class ``cls`` through ``stream`` until every request ends.
 
@@ -698,6 +704,10 @@ def run_stream(
         ``freeze``: ``gc.freeze()`` once the scheduler exists, as vLLM's ``EngineCore`` does;
         ``on``: the collector as Python sets it; ``off``: disabled during the run (the
         managers' own cost, without collector pauses).
+    check_every : int
+        If the manager has a ``check()`` (kvnumba's verifies its invariants and the adapter's
+        records, O(pool)), call it after every ``check_every`` steps (0: never during the run)
+        and once the run drained, outside every timed window. A violation fails the run.
 
     Returns
     -------
@@ -742,6 +752,7 @@ def run_stream(
     requests = [engine.request(s) for s in stream.specs]
     arrivals = [s.arrival_step for s in stream.specs]
     token_seed = {s.req_id: i for i, s in enumerate(stream.specs)}
+    checker = getattr(real_mgr, "check", None)
     clock = time.perf_counter_ns
     cpu = time.thread_time_ns
     nxt = 0
@@ -811,8 +822,15 @@ def run_stream(
                         )
             n_steps += 1
             vstep += 1
+            if checker is not None and check_every > 0 and n_steps % check_every == 0:
+                phase = "check"
+                checker()
             if n_steps >= max_steps:
                 raise RuntimeError(f"run did not drain in {max_steps} steps")
+        if checker is not None:
+            phase = "check"
+            checker()
+            res.checked = True
     except Exception as exc:
         res.error = {
             "step": n_steps,
@@ -941,6 +959,7 @@ def summarize(res: RunResult, skip: int, overhead_ns: float) -> dict:
         "cached_tokens": _cached_total(res),
         "add_request_kv_us": res.add_kv_ns / 1e3,
         "wall_s": round(res.wall_s, 2),
+        "checked": res.checked,
         "error": res.error,
     }
 
@@ -1147,6 +1166,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="garbage collector during runs: freeze what exists once the scheduler is built "
         "(vLLM's EngineCore does), plain, or disabled",
     )
+    r.add_argument(
+        "--check-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="call the manager's check() (kvnumba's has one) every N steps, outside the timed "
+        "windows; it is always called once a run drained",
+    )
     r.add_argument("--skip-steps", type=int, default=0, help="leading steps left out of stats")
     r.add_argument("--max-steps", type=int, default=200_000)
     r.add_argument("--json", metavar="PATH", help="write summaries, checks and per-step data")
@@ -1222,6 +1249,7 @@ def main(argv=None) -> int:
             max_steps=args.max_steps,
             expect_kvnumba=label == "kvnumba",
             gc_mode=args.gc,
+            check_every=args.check_every,
         )
         log(f"warm-up {label}: {len(w.scheduled)} steps in {time.perf_counter() - t:.1f} s")
         if w.error:
@@ -1238,6 +1266,7 @@ def main(argv=None) -> int:
                 max_steps=args.max_steps,
                 expect_kvnumba=label == "kvnumba",
                 gc_mode=args.gc,
+                check_every=args.check_every,
             )
             runs[label].append(res)
             log(
@@ -1337,6 +1366,14 @@ def render(args, stream, groups, runs, checks, labels, overhead, notes) -> str:
         f"prefix-cache queries {s0['prefix_queries']:,} tokens, hits {s0['prefix_hits']:,}; "
         f"KV time inside add_request: {s0['add_request_kv_us']:.0f} us in total."
     )
+    checked = [f"{lab}#{i}" for lab in labels for i, r in enumerate(runs[lab]) if r.checked]
+    if checked:
+        every = f"every {args.check_every} steps and " if args.check_every > 0 else ""
+        lines.append(
+            f"The manager's own `check()` passed {every}after the run drained in: "
+            + ", ".join(checked)
+            + "."
+        )
     lines += ["", "### Same schedule?", ""]
     for name, c in checks.items():
         if c["identical"]:
