@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import inspect
 import json
 import math
@@ -559,6 +560,16 @@ def scheduler_classes():
     from vllm.v1.core.sched.scheduler import Scheduler
 
     try:
+        import kvnumba
+
+        # An editable install of another checkout in the shared venv registers an import hook
+        # that serves submodules the checkout on PYTHONPATH lacks: refuse such a mixed kvnumba
+        # before importing it (the integration rebinds names in vLLM's modules on import).
+        root = Path(kvnumba.__file__).resolve().parent
+        spec = importlib.util.find_spec("kvnumba.integrations")
+        if spec is None or root not in Path(spec.origin).resolve().parents:
+            where = spec.origin if spec is not None else "nowhere"
+            return Scheduler, None, f"kvnumba.integrations is {where}, not in {root}"
         from kvnumba.integrations.vllm import KVNumbaScheduler
     except Exception as exc:  # any failure to import means: not ready, run native only
         return Scheduler, None, f"{type(exc).__name__}: {exc}"
