@@ -15,7 +15,8 @@
 #                                    pytest_plugin, tools/vllm_allowlist.txt); prints one line
 #                                    "vllm-tests: P passed with kvnumba, N passed native, of T
 #                                    selected"; exits non-zero if a selected test that is not
-#                                    allowlisted fails with kvnumba (logs: $CACHE/compare/)
+#                                    allowlisted fails with kvnumba, or tests/test_vllm_adapter.py
+#                                    (run first) fails (logs: $CACHE/compare/)
 #   tools/vllm_env.sh install-kvnumba [PATH]
 #                                    pip install -e PATH (default: this checkout) into the test
 #                                    venv, --no-deps (numba 0.65.0 and numpy are there already)
@@ -299,6 +300,12 @@ compare_tests() {
     mkdir -p "$out"
     install_kvnumba >"$out/install.log" 2>&1 || { cat "$out/install.log" >&2; die "install failed"; }
     export KVNUMBA_VLLM_DESELECT=$HERE/vllm_not_applicable.txt PYTHONPATH="$PYTHONPATH:$HERE"
+    # kvnumba's own adapter tests first: call for call against vLLM's manager (seconds).
+    local adapter_rc=0
+    log "adapter vs vLLM's manager (log: $out/adapter.log)"
+    (cd "$HERE/.." && python -m pytest --noconftest -p no:cacheprovider -q \
+        tests/test_vllm_adapter.py) >"$out/adapter.log" 2>&1 || adapter_rc=$?
+    tail -1 "$out/adapter.log" >&2
     log "native run (log: $out/native.log)"
     (cd "$SRC" && python -m pytest -p no:cacheprovider -p vllm_select -q -rf \
         --junitxml="$out/native.xml" "${TEST_FILES[@]}" "$@") >"$out/native.log" 2>&1 || true
@@ -309,7 +316,7 @@ compare_tests() {
         -p kvnumba.integrations.vllm.pytest_plugin -q -rfX --junitxml="$out/kvnumba.xml" \
         "${TEST_FILES[@]}" "$@") >"$out/kvnumba.log" 2>&1 || rc=$?
     grep -E '^kvnumba-vllm:|^(FAILED|ERROR|XPASS) ' "$out/kvnumba.log" >&2 || true
-    python - "$out/native.xml" "$out/kvnumba.xml" "$rc" <<'PY'
+    python - "$out/native.xml" "$out/kvnumba.xml" "$rc" "$adapter_rc" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
 
@@ -325,6 +332,7 @@ failed = sorted(t for t, k in kvn.items() if k in ("failure", "error"))
 print(f"vllm-tests: {sum(k == 'passed' for k in kvn.values())} passed with kvnumba, "
       f"{sum(k == 'passed' for k in native.values())} passed native, of {len(native)} selected")
 bad = bool(failed) or set(native) != set(kvn) or int(sys.argv[3]) not in (0, 1)
+bad = bad or int(sys.argv[4]) != 0  # the adapter's own tests
 sys.exit(1 if bad else 0)
 PY
 }

@@ -343,6 +343,60 @@ class KVNumbaKVCacheManager:
         KVCacheBlocks or None
             The newly allocated blocks (hits excluded), or None when they do not fit.
         """
+        held = self.held.get(request.request_id)
+        if (
+            held is not None
+            and num_new_tokens
+            and not (
+                num_new_computed_tokens
+                or num_external_computed_tokens
+                or delay_cache_blocks
+                or num_encoder_tokens
+                or full_sequence_must_fit
+                or (new_computed_blocks is not None and new_computed_blocks.blocks[0])
+            )
+        ):
+            # A running request: the scheduler's call for every request on every step.
+            return self._grow(
+                held,
+                request,
+                request.num_computed_tokens,
+                num_new_tokens,
+                num_lookahead_tokens,
+                reserved_blocks,
+                has_scheduled_reqs,
+            )
+        return self._allocate(
+            held,
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            num_encoder_tokens,
+            full_sequence_must_fit,
+            reserved_blocks,
+            has_scheduled_reqs,
+        )
+
+    def _allocate(
+        self,
+        held: _Held | None,
+        request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: KVCacheBlocks | None,
+        num_lookahead_tokens: int,
+        num_external_computed_tokens: int,
+        delay_cache_blocks: bool,
+        num_encoder_tokens: int,
+        full_sequence_must_fit: bool,
+        reserved_blocks: int,
+        has_scheduled_reqs: bool,
+    ) -> KVCacheBlocks | None:
+        """``allocate_slots`` for a new request, or with any of the rarer arguments."""
         if num_new_tokens == 0 and num_new_computed_tokens == 0:
             if num_external_computed_tokens == 0:
                 raise ValueError(
@@ -359,7 +413,6 @@ class KVNumbaKVCacheManager:
         if computed > self.max_model_len:
             computed = self.max_model_len
         rid = request.request_id
-        held = self.held.get(rid)
         if held is not None and hit_blocks:
             raise ValueError(f"request {rid} already holds blocks; it takes no prefix hits")
         watermark = 0
@@ -381,26 +434,63 @@ class KVNumbaKVCacheManager:
             if needed + watermark > self._num_free() - reserved_blocks:
                 return None
             return self._admit(request, slots, len(hit_blocks), to_cache)
-        # A running request: the decode step. Usually its tail block has room, and then no
-        # kvnumba call is made at all (vLLM's manager allocates nothing either).
-        nblocks = -(-slots // self.block_size)
-        needed = nblocks - held.nblocks
-        if needed < 0:
-            needed = 0  # rejected draft tokens: vLLM keeps their blocks
-        if needed + watermark > self._usable - int(self._meta[M_USED]) - reserved_blocks:
+        return self._grow(
+            held,
+            request,
+            computed,
+            num_new_tokens,
+            num_lookahead_tokens,
+            reserved_blocks,
+            has_scheduled_reqs,
+        )
+
+    def _grow(
+        self,
+        held: _Held,
+        request,
+        computed: int,
+        num_new_tokens: int,
+        num_lookahead_tokens: int,
+        reserved_blocks: int,
+        has_scheduled_reqs: bool,
+    ) -> KVCacheBlocks | None:
+        """A held request's new slots: usually its tail block has room, and then no kvnumba
+        call is made at all (vLLM's manager allocates nothing either)."""
+        bs = self.block_size
+        if computed > self.max_model_len:
+            computed = self.max_model_len
+        slots = computed + num_new_tokens + num_lookahead_tokens
+        if slots > self.max_model_len:
+            slots = self.max_model_len
+        nblocks = -(-slots // bs)
+        needed = nblocks - held.nblocks  # < 0 after rejected drafts: vLLM keeps their blocks
+        watermark = 0
+        if self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING:
+            watermark = self.watermark_blocks
+        if (needed > 0 or watermark or reserved_blocks) and max(
+            needed, 0
+        ) + watermark > self._usable - int(self._meta[M_USED]) - reserved_blocks:
             return None
         old = held.nblocks
-        if needed:
-            self._count[0] = needed * self.block_size
+        if needed > 0:
+            self._count[0] = needed * bs
             self.kvnumba.append(held.ids, self._count)
             held.nblocks = nblocks
-        if self.enable_caching and to_cache >= (held.ncached + 1) * self.block_size:
-            self._cache_upto(held, request, to_cache)
-        if needed == 0:
+        if self.enable_caching:
+            to_cache = computed + num_new_tokens
+            num_tokens = request.num_tokens
+            if to_cache > num_tokens:
+                to_cache = num_tokens
+            to_cache -= self._reprefill
+            if to_cache >= (held.ncached + 1) * bs:
+                self._cache_upto(held, request, to_cache)
+                if self._events_on:
+                    self._drain(request, held)
+        if held.nblocks == old:
             return self.empty_kv_cache_blocks
         if self._events_on:
-            self._drain(request, held)
-        return self._wrap(self._table[held.slot, old:nblocks])
+            self._drain(request, held)  # evictions by the append
+        return self._wrap(self._table[held.slot, old : held.nblocks])
 
     def _admit(self, request, slots: int, num_hits: int, to_cache: int) -> KVCacheBlocks | None:
         """First allocation of a request: one kvnumba ``admit`` of its blocks.

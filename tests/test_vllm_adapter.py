@@ -1,0 +1,184 @@
+"""kvnumba's vLLM adapter against vLLM's own manager, call for call (needs vLLM 0.33.0).
+
+Skipped without vLLM; ``tools/vllm_env.sh compare`` runs it in the vLLM test environment
+(``--noconftest``: that environment has no hypothesis). The randomized test drives vLLM's
+``KVCacheManager`` and ``KVNumbaKVCacheManager`` with the same requests and calls and compares
+what the scheduler sees: prefix hits, whether an allocation fits, the number of new blocks, free
+and cached block counts, ``usage``; after every call the adapter passes its ``check()``. Prompts
+end in a block of their own outputs are random and prompts admitted in chunks share no prefix, so no two blocks share a hash
+(vLLM would cache both, kvnumba registers one: ``docs/vllm.md``); block ids are not compared (the free order
+of one release differs on purpose).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+if vllm.__version__.split("+")[0] != "0.33.0":
+    pytest.skip("the adapter is written for vLLM 0.33.0", allow_module_level=True)
+
+import torch  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+
+from kvnumba.integrations.vllm import KVNumbaKVCacheManager  # noqa: E402
+from kvnumba.integrations.vllm.scheduler import _VLLM_KV_CACHE_MANAGER  # noqa: E402
+
+BS = 4
+
+
+def _config(num_blocks: int) -> KVCacheConfig:
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+    )
+
+
+def _managers(num_blocks: int, **kwargs):
+    args = dict(max_model_len=512, scheduler_block_size=BS, hash_block_size=BS, **kwargs)
+    return (
+        _VLLM_KV_CACHE_MANAGER(_config(num_blocks), **args),
+        KVNumbaKVCacheManager(_config(num_blocks), **args),
+    )
+
+
+def _request(rid: str, tokens: list[int]) -> Request:
+    params = SamplingParams(max_tokens=1000, ignore_eos=True)
+    params.update_from_generation_config({}, eos_token_id=100_000)
+    return Request(
+        request_id=rid,
+        prompt_token_ids=tokens,
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BS, sha256),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _none_hash():
+    init_none_hash(sha256)
+
+
+def _same_view(ref, kvn) -> None:
+    assert kvn.block_pool.get_num_free_blocks() == ref.block_pool.get_num_free_blocks()
+    assert kvn.usage == pytest.approx(ref.usage)
+    assert len(kvn.block_pool.cached_block_hash_to_block) == len(
+        ref.block_pool.cached_block_hash_to_block
+    )
+    kvn.check()
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("KVNUMBA_VLLM_SEEDS", "6"))))
+def test_adapter_matches_vllm_manager(seed):
+    rng = random.Random(seed)
+    ref, kvn = _managers(rng.choice([24, 40, 80]))
+    prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(0, 5 * BS))] for _ in range(4)]
+    running: dict[str, tuple[Request, Request]] = {}
+    serial = 0
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.3 or not running:
+            serial += 1
+            rid = f"r{serial}"
+            chunked = rng.random() < 0.3
+            # A prompt admitted in chunks gets no shared prefix: another request admitted while
+            # its later blocks are uncomputed would fill its own copies of them (a duplicate).
+            prefix = [] if chunked else rng.choice(prefixes)
+            body = prefix + [rng.randrange(1000) for _ in range(rng.randrange(1, 9))]
+            tokens = body + [100_000 + serial] * BS  # a last block of its own: no duplicates
+            pair = (_request(rid, tokens), _request(rid, tokens))
+            hits = [m.get_computed_blocks(r) for m, r in zip((ref, kvn), pair, strict=True)]
+            assert hits[0][1] == hits[1][1], "prefix hit tokens"
+            num_new = len(tokens) - hits[0][1]
+            if chunked:
+                num_new = rng.randrange(1, num_new + 1)  # a first chunk
+            got = [
+                m.allocate_slots(r, num_new, h[1], h[0])
+                for m, r, h in zip((ref, kvn), pair, hits, strict=True)
+            ]
+            assert (got[0] is None) == (got[1] is None), "admission fits"
+            if got[0] is not None:
+                assert len(got[0].blocks[0]) == len(got[1].blocks[0])
+                for r in pair:
+                    r.status = RequestStatus.RUNNING
+                    r.num_computed_tokens = hits[0][1] + num_new
+                running[rid] = pair
+        elif op < 0.85:
+            rid = rng.choice(list(running))
+            pair = running[rid]
+            req = pair[0]
+            if req.num_computed_tokens < req.num_tokens:  # the prompt's next chunk
+                num_new = rng.randrange(1, req.num_tokens - req.num_computed_tokens + 1)
+            else:  # decode: sample a token (random, so no two outputs hash alike)
+                token = rng.randrange(1000)
+                for r in pair:
+                    r.append_output_token_ids(token)
+                num_new = 1
+            lookahead = rng.choice([0, 0, 3])
+            got = [
+                m.allocate_slots(r, num_new, num_lookahead_tokens=lookahead)
+                for m, r in zip((ref, kvn), pair, strict=True)
+            ]
+            assert (got[0] is None) == (got[1] is None), "growth fits"
+            if got[0] is not None:
+                assert len(got[0].blocks[0]) == len(got[1].blocks[0]), "new blocks"
+                for r in pair:
+                    r.num_computed_tokens += num_new
+            elif rng.random() < 0.5:  # preempt it, as the scheduler would
+                for m, r in zip((ref, kvn), pair, strict=True):
+                    m.free(r)
+                del running[rid]
+        else:
+            rid = rng.choice(list(running))
+            for m, r in zip((ref, kvn), running.pop(rid), strict=True):
+                m.free(r)
+        _same_view(ref, kvn)
+        for rid in running:
+            assert len(kvn.get_block_ids(rid)[0]) == len(ref.get_block_ids(rid)[0])
+    for pair in running.values():
+        for m, r in zip((ref, kvn), pair, strict=True):
+            m.free(r)
+    _same_view(ref, kvn)
+    assert ref.reset_prefix_cache() and kvn.reset_prefix_cache()
+    _same_view(ref, kvn)
+
+
+def test_events_of_a_decode_step_that_fills_a_block():
+    ref, kvn = _managers(16, enable_kv_cache_events=True)
+    pair = [_request("a", list(range(BS + 2))) for _ in range(2)]
+    for m, r in zip((ref, kvn), pair, strict=True):
+        m.allocate_slots(r, BS + 2, num_lookahead_tokens=BS)  # slots for the next block already
+        r.num_computed_tokens = BS + 2
+    for _ in range(BS - 2):
+        for m, r in zip((ref, kvn), pair, strict=True):
+            r.append_output_token_ids(7)
+            assert m.allocate_slots(r, 1, num_lookahead_tokens=BS) is not None
+            r.num_computed_tokens += 1
+    events = [m.take_events() for m in (ref, kvn)]
+    assert events[0] == events[1] and len(events[0]) == 2
+    for m, r in zip((ref, kvn), pair, strict=True):
+        m.free(r)
+    assert ref.reset_prefix_cache() and kvn.reset_prefix_cache()
+    assert [type(e) for e in ref.take_events()] == [type(e) for e in kvn.take_events()]
+
+
+def test_reset_refused_while_blocks_are_held():
+    ref, kvn = _managers(16)
+    pair = [_request("a", list(range(2 * BS))) for _ in range(2)]
+    for m, r in zip((ref, kvn), pair, strict=True):
+        m.allocate_slots(r, 2 * BS)
+    assert not ref.reset_prefix_cache() and not kvn.reset_prefix_cache()
+    _same_view(ref, kvn)
