@@ -20,6 +20,11 @@
 #   tools/vllm_env.sh install-kvnumba [PATH]
 #                                    pip install -e PATH (default: this checkout) into the test
 #                                    venv, --no-deps (numba 0.65.0 and numpy are there already)
+#   tools/vllm_env.sh bench [ARGS]   tools/vllm_bench.py in the test venv: vLLM's Scheduler with
+#                                    vLLM's KV cache manager vs kvnumba's (see VLLM_ENV.md); the
+#                                    kvnumba checkout imported is KVNUMBA_SRC (default: this one),
+#                                    put first on PYTHONPATH (nothing installed); numba's cache
+#                                    is NUMBA_CACHE_DIR (default <cache>/numba, as for the tests)
 #   tools/vllm_env.sh env            print the export lines of the test environment
 #   tools/vllm_env.sh python [ARGS]  the test venv's python, with the test environment set
 #   tools/vllm_env.sh pip [ARGS]     the test venv's pip (e.g. `pip install -e .` for kvnumba)
@@ -344,6 +349,15 @@ env)
         "$HERE/vllm_not_applicable.txt"
     ;;
 python) shift; test_env; exec python "$@" ;;
+bench)
+    shift
+    build
+    test_env
+    # The checkout on PYTHONPATH wins over any editable install in the shared venv, so a
+    # benchmark measures the kvnumba it names, whatever another worktree installed.
+    export PYTHONPATH="$PYTHONPATH:${KVNUMBA_SRC:-$HERE/..}:$HERE"
+    exec python "$HERE/vllm_bench.py" "$@"
+    ;;
 compare) shift; compare_tests "$@" ;;
 install-kvnumba)
     shift
