@@ -253,3 +253,53 @@ def test_append_one_with_bad_keys_changes_nothing():
     other = plain.new_sequences(1)[0]
     with pytest.raises(ValueError, match="block_keys"):
         plain.append_one(other, 4, keys=KEYS[:1])
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=ops)
+def test_the_model_answers_the_one_request_calls_as_the_kernels_do(ops):
+    from kvnumba.reference import ReferenceBlockManager
+
+    def make(cls):
+        return cls(24, 4, max_seqs=16, max_seq_len=64, block_keys=True, reserved_blocks=1)
+
+    kernels, model = make(kvnumba.BlockManager), make(ReferenceBlockManager)
+    live = []
+    for op, a, b, c in ops:
+        outcomes = []
+        if op == "admit":
+            keys = KEYS[b * 5 : b * 5 + a // 4]
+            for m in (kernels, model):
+                try:
+                    outcomes.append(m.admit_one(None, length=a, keys=keys, max_hit_blocks=c))
+                except kvnumba.KVNumbaError as error:
+                    outcomes.append(type(error))
+            if isinstance(outcomes[0], tuple):
+                live.append((outcomes[0][0], outcomes[1][0]))
+            outcomes = [_untagged(x) for x in outcomes]
+            hits = [m.lookup_one(length=a, keys=keys).tolist() for m in (kernels, model)]
+            assert hits[0] == hits[1]
+        elif op in ("append", "fork") and live:
+            pair = live[a % len(live)]
+            if op == "fork":
+                live.append(
+                    tuple(
+                        int(m.fork([s])[0, 0]) for m, s in zip((kernels, model), pair, strict=True)
+                    )
+                )
+                continue
+            for m, seq in zip((kernels, model), pair, strict=True):
+                try:
+                    outcomes.append(m.append_one(seq, b))
+                except kvnumba.KVNumbaError as error:
+                    outcomes.append(type(error))
+        elif op == "release" and live:
+            pair = live.pop(a % len(live))
+            for m, seq in zip((kernels, model), pair, strict=True):
+                m.release([seq])
+        assert len(outcomes) == 0 or outcomes[0] == outcomes[1]
+        for pair in live:
+            assert kernels.table_row(pair[0])[: len(model.table_row(pair[1]))].tolist() == (
+                model.table_row(pair[1]).tolist()
+            )
+        kernels.check()

@@ -27,6 +27,7 @@ from kvnumba.reference.calls import CallsMixin
 from kvnumba.reference.checks import ChecksMixin
 from kvnumba.reference.engine import EngineMixin
 from kvnumba.reference.keys import KeysMixin
+from kvnumba.reference.one_request import OneRequestMixin
 from kvnumba.reference.pages import PagesMixin
 from kvnumba.reference.pool import ReferencePagePool
 from kvnumba.reference.prefix import PrefixMixin
@@ -34,7 +35,14 @@ from kvnumba.results import Stats
 
 
 class ReferenceBlockManager(
-    KeysMixin, EngineMixin, CallsMixin, PagesMixin, PrefixMixin, BlocksMixin, ChecksMixin
+    OneRequestMixin,
+    KeysMixin,
+    EngineMixin,
+    CallsMixin,
+    PagesMixin,
+    PrefixMixin,
+    BlocksMixin,
+    ChecksMixin,
 ):
     """Pure-Python model of ``kvnumba.BlockManager`` (the test oracle and benchmark baseline).
 

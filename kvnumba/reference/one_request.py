@@ -1,0 +1,65 @@
+"""The one-request calls of the model (``append_one``, ``admit_one``, ``lookup_one``,
+``table_row``): the batched calls of one sequence, with the results the kernels' one-request
+entry points return. The model has no boundary cost to save; these exist so that tests and
+benchmarks can call either implementation the same way."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class OneRequestMixin:
+    """``append_one``, ``admit_one``, ``lookup_one`` and ``table_row`` of the model."""
+
+    def append_one(self, seq_id, count, *, key_start=0, keys=None) -> tuple[int, int, int, int]:
+        """``append([seq_id], [count])`` then ``set_keys`` of ``keys`` from ``key_start``:
+        ``(blocks_before, blocks_after, cow_src, cow_dst)`` (see ``BlockManager.append_one``).
+        Positions are checked before the append, so a bad one changes nothing."""
+        ids = np.array([seq_id], dtype=np.int64)
+        if keys is not None:
+            keys = np.asarray(keys)
+            length = int(self.seq_lens(ids)[0]) + int(count)
+            if not self._block_keys:
+                raise ValueError("keys need a manager built with block_keys=True")
+            if key_start < 0 or key_start + len(keys) > length // self._block_size:
+                raise ValueError(
+                    f"key positions {key_start} .. {key_start + len(keys) - 1} of sequence "
+                    f"{seq_id} are not all full blocks"
+                )
+        result = self.append(ids, np.array([count], dtype=np.int64))
+        if keys is not None:
+            self.set_keys(ids, [key_start], [len(keys)], keys)
+        length = int(self.seq_lens(ids)[0])
+        after = -(-length // self._block_size)
+        before = -(-(length - int(count)) // self._block_size)
+        if len(result.cow_src):
+            return before, after, int(result.cow_src[0]), int(result.cow_dst[0])
+        return before, after, -1, -1
+
+    def admit_one(
+        self, tokens=None, *, length=None, salt=0, keys=None, max_hit_blocks=None
+    ) -> tuple[int, int]:
+        """``admit`` of one prompt: ``(seq_id, num_cached_tokens)``."""
+        if length is None:
+            if tokens is None:
+                raise ValueError("admit_one needs tokens or a length")
+            length = len(tokens)
+        result = self.admit(
+            tokens, [length], salts=[salt], keys=keys, max_hit_blocks=max_hit_blocks
+        )
+        return int(result.ids[0]), int(result.num_cached_tokens[0])
+
+    def lookup_one(self, *, length, salt=0, keys, max_hit_blocks=None) -> np.ndarray:
+        """``lookup`` of one keyed prompt: its hit blocks (int64)."""
+        result = self.lookup(None, [length], salts=[salt], keys=keys, max_hit_blocks=max_hit_blocks)
+        row = result.block_ids[0]
+        return row[row >= 0].astype(np.int64)
+
+    def table_row(self, seq_id) -> np.ndarray:
+        """The sequence's block table (a copy here: the model keeps Python lists)."""
+        return self.block_tables([seq_id])[0]
+
+    @property
+    def pending_events(self) -> bool:
+        """Whether :meth:`take_events` would return any event."""
+        return bool(self._events)
