@@ -45,13 +45,25 @@ class OneRequestMixin:
                 raise ValueError("admit_one needs tokens or a length")
             length = len(tokens)
         result = self.admit(
-            tokens, [length], salts=[salt], keys=keys, max_hit_blocks=max_hit_blocks
+            tokens,
+            [length],
+            salts=[salt],
+            keys=keys,
+            key_counts=None if keys is None else [len(keys)],  # keys may cover fewer blocks
+            max_hit_blocks=max_hit_blocks,
         )
         return int(result.ids[0]), int(result.num_cached_tokens[0])
 
     def lookup_one(self, *, length, salt=0, keys, max_hit_blocks=None) -> np.ndarray:
         """``lookup`` of one keyed prompt: its hit blocks (int64)."""
-        result = self.lookup(None, [length], salts=[salt], keys=keys, max_hit_blocks=max_hit_blocks)
+        result = self.lookup(
+            None,
+            [length],
+            salts=[salt],
+            keys=keys,
+            key_counts=[len(keys)],
+            max_hit_blocks=max_hit_blocks,
+        )
         row = result.block_ids[0]
         return row[row >= 0].astype(np.int64)
 
