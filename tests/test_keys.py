@@ -22,7 +22,6 @@ from kvnumba.reference._common import _STATE
 from kvnumba.results import BlockEvents, LookupResult
 
 STORED, REMOVED = BlockEvents.STORED, BlockEvents.REMOVED
-KERNELS_HAVE_KEYS = hasattr(kvnumba.BlockManager, "set_keys")
 # Words beyond int64 on purpose: a vLLM sha256 hash seen as uint64 words usually has some.
 HIGH = 1 << 63
 
@@ -88,8 +87,6 @@ class Probe:
 def make(request):
     """``make(num_blocks, block_size, **kw)`` building a manager of the implementation."""
     if request.param == "kernels":
-        if not KERNELS_HAVE_KEYS:
-            pytest.skip("kvnumba.BlockManager has no engine keys yet (lead's branch keys)")
         cls, pool = kvnumba.BlockManager, kvnumba.PagePool
     else:
         cls, pool = ReferenceBlockManager, ReferencePagePool

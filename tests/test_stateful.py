@@ -9,7 +9,6 @@ failed call must leave the kernels' state arrays byte-identical.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -497,7 +496,6 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
             if kv:
                 event("set_keys registered blocks")
 
-    @precondition(lambda self: hasattr(self.kv, "admit_one"))
     @rule(data=st.data(), with_tokens=st.booleans())
     def admit_one(self, data, with_tokens):
         """The kernels' one-request admit (and lookup) against the model's batched admit of
@@ -537,7 +535,7 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
             if kv[1]:
                 event("admit_one reused cached blocks")
 
-    @precondition(lambda self: self.live and hasattr(self.kv, "append_one"))
+    @precondition(lambda self: self.live)
     @rule(data=st.data())
     def append_one(self, data):
         """The kernels' one-request append (no token ids; keys of the blocks full after it)
@@ -594,7 +592,4 @@ KeyedKernelsVersusReference.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-TestKeyedKernelsVersusReference = pytest.mark.skipif(
-    not hasattr(kvnumba.BlockManager, "set_keys"),
-    reason="kvnumba.BlockManager has no engine keys yet (lead's branch keys)",
-)(KeyedKernelsVersusReference.TestCase)
+TestKeyedKernelsVersusReference = KeyedKernelsVersusReference.TestCase
