@@ -23,6 +23,8 @@ class CacheMaintenance:
 
     def _drain(self, request, held) -> None:
         """Translate the events kvnumba recorded in the call just made for ``request``."""
+        if not self.kvnumba.pending_events:
+            return
         events = self.kvnumba.take_events()
         if events.kind.shape[0] == 0:
             return

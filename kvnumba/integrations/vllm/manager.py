@@ -162,11 +162,8 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         self._last_hits: tuple[str, np.ndarray] | None = None
         # Keys of running requests' newly full blocks, registered in one call (flush_keys).
         self._pending: dict[int, tuple[_Held, object, int]] = {}
-        # One-request argument arrays, reused: kvnumba passes int64 arrays through unconverted.
-        self._count = np.zeros(1, dtype=np.int64)
-        self._admit_args = np.zeros((3, 1), dtype=np.int64)  # lengths, key counts, hit caps
+        # One-request argument arrays for set_keys, reused: kvnumba passes int64 arrays through.
         self._key_args = np.zeros((2, 1), dtype=np.int64)  # starts, counts
-        self._lookup_args = np.zeros((2, 1), dtype=np.int64)  # lengths, key counts
         self.block_pool = BlockPoolView(self)
         self._blocks = self.block_pool.blocks
         self.coordinator = CoordinatorView(self, spec)
@@ -229,15 +226,15 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         if n <= 0:
             return self.empty_kv_cache_blocks, 0, 0
         # Length n blocks + 1 token: kvnumba's last-token rule then allows exactly n hits.
-        arg = self._lookup_args
-        arg[0, 0], arg[1, 0] = n * self.block_size + 1, n
-        found = self.kvnumba.lookup(None, arg[0], keys=self._keys(hashes, 0, n), key_counts=arg[1])
-        hits = int(found.num_cached_tokens[0]) // self.block_size
+        found = self.kvnumba.lookup_one(
+            length=n * self.block_size + 1, keys=self._keys(hashes, 0, n)
+        )
+        hits = found.shape[0]
         if self.use_eagle and hits:
             hits -= 1  # EAGLE recomputes the last hit block for its hidden states
         if hits == 0:
             return self.empty_kv_cache_blocks, 0, 0
-        ids = found.block_ids[0, :hits]
+        ids = found[:hits]
         self._last_hits = (request.request_id, ids)
         if self._events_on and getattr(request, "kv_cache_report_mode", "incremental") == "full":
             kind = self.kv_cache_event_metadata[0][0]
@@ -432,8 +429,7 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             return None
         old = held.nblocks
         if needed > 0:
-            self._count[0] = needed * bs
-            self.kvnumba.append(held.ids, self._count)
+            self.kvnumba.append_one(held.seq, needed * bs)
             held.nblocks = nblocks
         if self.enable_caching:
             to_cache = computed + num_new_tokens
@@ -466,26 +462,21 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         num_keys = 0
         if self.enable_caching:
             num_keys = max(min(to_cache, len(hashes) * bs) // bs, num_hits)
-        arg = self._admit_args
-        arg[0, 0], arg[1, 0], arg[2, 0] = nblocks * bs, num_keys, num_hits
         try:
-            got = self.kvnumba.admit(
+            seq, cached = self.kvnumba.admit_one(
                 None,
-                arg[0],
+                length=nblocks * bs,
                 keys=self._keys(hashes, 0, num_keys),
-                key_counts=arg[1],
-                max_hit_blocks=arg[2],
+                max_hit_blocks=num_hits,
             )
         except (kvnumba.PoolExhausted, kvnumba.TooManySequences):
             return None
-        seq = int(got.ids[0])
-        if int(got.num_cached_tokens[0]) != num_hits * bs:
+        if cached != num_hits * bs:
             self.kvnumba.release([seq])
             raise RuntimeError(
                 f"request {request.request_id}: {num_hits} prefix-hit blocks were passed to "
-                f"allocate_slots but only {int(got.num_cached_tokens[0]) // bs} are still "
-                "cached (get_computed_blocks and allocate_slots must not be separated by calls "
-                "that evict)"
+                f"allocate_slots but only {cached // bs} are still cached (get_computed_blocks "
+                "and allocate_slots must not be separated by calls that evict)"
             )
         held = _Held(seq, seq & self._slot_mask, nblocks, num_keys)
         self.held[request.request_id] = held
