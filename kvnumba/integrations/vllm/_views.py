@@ -57,6 +57,7 @@ class CachedBlocksView(Mapping):
     """
 
     def __init__(self, pool: BlockPoolView) -> None:
+        pool.flush_keys()
         state = pool.state
         registered = np.flatnonzero(state.block_flags & F_REGISTERED)
         self._cache = {
@@ -108,8 +109,13 @@ class BlockPoolView:
         """Digest length of the engine's block hashes (learnt from the first one seen)."""
         return self._owner.hash_width
 
+    def flush_keys(self) -> None:
+        """Register the adapter's queued keys, so that the state read next is current."""
+        self._owner.flush_keys()
+
     def block_hash_of(self, block_id: int) -> bytes | None:
         """``BlockHashWithGroupId`` of a hashed block, else None."""
+        self._owner.flush_keys()
         return block_hash_of(self.state, block_id, self._owner.hash_width)
 
     def get_num_free_blocks(self) -> int:
@@ -180,6 +186,7 @@ class _CachedCounts(Mapping):
         self._owner = owner
 
     def __getitem__(self, request_id: str) -> int:
+        self._owner.flush_keys()
         return self._owner.held[request_id].ncached
 
     def __iter__(self) -> Iterator[str]:

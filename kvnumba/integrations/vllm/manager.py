@@ -162,6 +162,8 @@ class KVNumbaKVCacheManager:
         # The last lookup's hit ids, so that allocate_slots counts the hits at refcount 0
         # without reading them back from the block objects.
         self._last_hits: tuple[str, np.ndarray] | None = None
+        # Keys of running requests' newly full blocks, registered in one call (flush_keys).
+        self._pending: dict[int, tuple[_Held, object, int]] = {}
         # One-request argument arrays, reused: kvnumba passes int64 arrays through unconverted.
         self._count = np.zeros(1, dtype=np.int64)
         self._admit_args = np.zeros((3, 1), dtype=np.int64)  # lengths, key counts, hit caps
@@ -264,6 +266,7 @@ class KVNumbaKVCacheManager:
         """
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0, 0
+        self.flush_keys()
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
         hashes = request.block_hashes
@@ -397,6 +400,7 @@ class KVNumbaKVCacheManager:
         has_scheduled_reqs: bool,
     ) -> KVCacheBlocks | None:
         """``allocate_slots`` for a new request, or with any of the rarer arguments."""
+        self.flush_keys()
         if num_new_tokens == 0 and num_new_computed_tokens == 0:
             if num_external_computed_tokens == 0:
                 raise ValueError(
@@ -483,9 +487,11 @@ class KVNumbaKVCacheManager:
                 to_cache = num_tokens
             to_cache -= self._reprefill
             if to_cache >= (held.ncached + 1) * bs:
-                self._cache_upto(held, request, to_cache)
-                if self._events_on:
+                if self._events_on:  # registered now: its events keep their order
+                    self._cache_upto(held, request, to_cache)
                     self._drain(request, held)
+                else:
+                    self._defer_keys(held, request, to_cache)
         if held.nblocks == old:
             return self.empty_kv_cache_blocks
         if self._events_on:
@@ -546,17 +552,50 @@ class KVNumbaKVCacheManager:
         self.kvnumba.set_keys(held.ids, arg[0], arg[1], self._keys(hashes, held.ncached, full))
         held.ncached = full
 
+    def _defer_keys(self, held: _Held, request, num_tokens: int) -> None:
+        """Queue the keys of the blocks full within ``num_tokens`` for :meth:`flush_keys`."""
+        full = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
+        if full > held.nblocks:
+            full = held.nblocks
+        if full > held.ncached:
+            self._pending[held.seq] = (held, request, full)
+
+    def flush_keys(self) -> None:
+        """Register the keys queued by this step's running requests: one ``set_keys`` call.
+
+        A decode step fills a block for about one request in ``block_size``; their keys are
+        registered together (one kvnumba call instead of one per request, 25x cheaper for 16)
+        before anything can read them: every lookup, admission, free, reset, eviction, event
+        drain, check or view flushes first. The blocks are held by their requests meanwhile, so
+        no allocation can evict them or see them cached.
+        """
+        pending = self._pending
+        if not pending:
+            return
+        items = list(pending.values())
+        n = len(items)
+        ids = np.fromiter((h.seq for h, _, _ in items), dtype=np.int64, count=n)
+        starts = np.fromiter((h.ncached for h, _, _ in items), dtype=np.int64, count=n)
+        counts = np.fromiter((f - h.ncached for h, _, f in items), dtype=np.int64, count=n)
+        keys = [self._keys(r.block_hashes, h.ncached, f) for h, r, f in items]
+        self.kvnumba.set_keys(ids, starts, counts, keys[0] if n == 1 else np.concatenate(keys))
+        for h, _, f in items:
+            h.ncached = f
+        pending.clear()
+
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         """Register the keys of the blocks full within ``num_computed_tokens`` (``set_keys``)."""
         held = self.held.get(request.request_id)
         if not self.enable_caching or held is None:
             return
+        self.flush_keys()
         self._cache_upto(held, request, num_computed_tokens - self._reprefill)
         if self._events_on:
             self._drain(request, held)
 
     def free(self, request) -> None:
         """Release the request's sequence (tail block first; keyed blocks stay cached)."""
+        self.flush_keys()
         held = self.held.pop(request.request_id, None)
         if held is not None:
             self.kvnumba.release(held.ids)
@@ -588,6 +627,7 @@ class KVNumbaKVCacheManager:
         held = self.held.get(request.request_id)
         if held is None:
             return 0
+        self.flush_keys()
         row = self._table[held.slot, : held.nblocks]
         keyed = np.flatnonzero(self._flags[row] & F_HASHED)
         return int(keyed[-1] + 1) * self.block_size if keyed.shape[0] else 0
@@ -616,6 +656,7 @@ class KVNumbaKVCacheManager:
         bool
             False (and nothing changes) while requests hold blocks.
         """
+        self.flush_keys()
         used = int(self._meta[M_USED])
         if used:
             logger.warning(
@@ -640,6 +681,7 @@ class KVNumbaKVCacheManager:
         ids = np.fromiter(block_ids, dtype=np.int64)
         if ids.shape[0] == 0:
             return
+        self.flush_keys()
         if ids.min() < 0 or ids.max() >= self.kvnumba.num_blocks:
             raise AssertionError(f"Invalid block_id in {sorted(ids.tolist())}")
         held = ids[self._ref[ids] > 0]
@@ -655,6 +697,7 @@ class KVNumbaKVCacheManager:
         """Take the KV events translated since the last call (empty unless enabled)."""
         if not self._events_on:
             return []
+        self.flush_keys()
         self._drain(None, None)
         events, self.pending_events = self.pending_events, []
         # Events queued by others (vLLM's connectors append to the pool's queue) get the
@@ -680,6 +723,7 @@ class KVNumbaKVCacheManager:
             table row, length or key count disagree with the adapter's record, or the blocks the
             requests hold are not the blocks kvnumba counts as used.
         """
+        self.flush_keys()
         self.kvnumba.check()
         held_blocks = set()
         for rid, held in self.held.items():
