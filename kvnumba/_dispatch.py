@@ -45,6 +45,12 @@ SIGNATURES = {
     "k_lookup": (_VEC, _VEC, _VEC, _VEC),
     "k_lookup_keys": (_VEC, _VEC, _VEC, _BOOL, _KEYS, _VEC, _VEC),
     "k_set_keys": (_VEC, _VEC, _VEC, _KEYS),
+    # One request at a time: scalars in and out (``append_one``, ``admit_one``).
+    "k_append_one": (_INT, _INT),
+    "k_append_one_keys": (_INT, _INT, _INT, _KEYS),
+    "k_admit_one": (_VEC, _INT, _INT),
+    "k_admit_one_keys": (_INT, _INT, _KEYS, _INT),
+    "k_lookup_one_keys": (_INT, _INT, _KEYS, _INT),
     # Managers on a page pool: the pool's arena is a third arena argument.
     "k_append_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _INT),
     "k_can_append_paged": (_VEC, _VEC),
@@ -72,7 +78,16 @@ LAZY = frozenset(
         "k_lookup",
         "k_lookup_keys",
         "k_set_keys",
+        "k_append_one",
+        "k_append_one_keys",
+        "k_admit_one",
+        "k_admit_one_keys",
+        "k_lookup_one_keys",
     }
+)
+#: The one-request kernels (``append_one``, ``admit_one``): never run on a page pool.
+ONE_REQUEST = frozenset(
+    {"k_append_one", "k_append_one_keys", "k_admit_one", "k_admit_one_keys", "k_lookup_one_keys"}
 )
 #: Kernels taking the page pool's arena after the manager's two.
 PAGED = frozenset(name for name in SIGNATURES if "paged" in name or "give_up" in name)

@@ -240,19 +240,22 @@ class EngineKeyCalls:
         if status == E.ST_BAD_KEY_POSITION:
             length = int(self.seq_lens(ids[bad : bad + 1])[0])
             raise ValueError(
-                f"set_keys: positions {int(starts[bad])} .. "
+                f"key positions {int(starts[bad])} .. "
                 f"{int(starts[bad]) + int(counts[bad]) - 1} of sequence {int(ids[bad])} are "
                 f"not all full blocks (it holds {length // self._block_size} full blocks)"
             )
         if status == E.ST_KEY_CONFLICT:
-            raise ValueError(
-                f"set_keys: a block of sequence {int(ids[bad])} already has another key"
-            )
+            raise ValueError(f"a block of sequence {int(ids[bad])} already has another key")
         if status == E.ST_BAD_KEY_COUNT:
             if bad < 0 and starts.shape[0] == ids.shape[0] == counts.shape[0]:
                 raise ValueError(f"keys has a row count other than sum(counts) = {counts.sum()}")
             raise ValueError("starts and counts need one entry per id")
         self._raise(status, bad, ids)
+
+    @property
+    def pending_events(self) -> bool:
+        """Whether :meth:`take_events` would return any event (no arrays built)."""
+        return bool(self._event_chunks)
 
     def take_events(self) -> BlockEvents:
         """Drain the block events recorded since the last call of ``take_events``.

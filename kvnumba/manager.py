@@ -23,6 +23,7 @@ from kvnumba._inputs import check_state_bytes, index_array, positive_int
 from kvnumba._kernels.check import MESSAGES
 from kvnumba._kernels.entry import AVAILABLE, BAD, NEEDED, RESULT, STATUS
 from kvnumba._kernels.undo import undo_log_rows
+from kvnumba._one_request import OneRequestCalls
 from kvnumba._state import (
     M_ALLOCATIONS,
     M_CACHED,
@@ -67,11 +68,15 @@ def _bind_kernels(manager, paged: bool) -> None:
     pays only for the kernels it calls. A manager on a page pool loads all of its kernels at
     construction, so that no call compiles while it holds the pool's lock.
     """
-    from kvnumba._dispatch import LAZY, SIGNATURES
+    from kvnumba._dispatch import LAZY, ONE_REQUEST, SIGNATURES
 
     for name in SIGNATURES:
         kernel = name + "_paged" if paged and name + "_paged" in SIGNATURES else name
         attribute = "_" + name
+        if name in ONE_REQUEST:
+            # Never run on a page pool (those calls take the batched path): bound to a loader.
+            setattr(manager, attribute, _KERNELS.get(name) or _loader(manager, name, attribute))
+            continue
         if name in LAZY:
             continue  # loaded by _kernel() on first use, before the call takes any lock
         if paged and kernel not in _KERNELS:
@@ -106,7 +111,7 @@ DEFAULT_MAX_SEQS = 1024
 DEFAULT_MAX_SEQ_LEN = 32768
 
 
-class BlockManager(PagedCalls, EngineKeyCalls):
+class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
     """A paged KV-cache block manager over a fixed pool of equal-size blocks.
 
     Parameters

@@ -402,6 +402,7 @@ _LOGGED = (
     "lru_prev",
     "lru_next",
     "block_hash",
+    "block_key",
     "block_salt",
     "block_flags",
     "htab",
@@ -436,10 +437,16 @@ def test_logged_fields_list_is_complete():
     assert set(_LOGGED) <= {f.name for f in STATE_FIELDS}
 
 
-def _paged_manager(on_evict=None):
+def _paged_manager(on_evict=None, block_keys=False):
     """A small paged manager with some state: two sequences, full and partial blocks."""
     mgr = BlockManager(
-        16, 2, max_seqs=4, page_pool=PagePool(4), blocks_per_page=4, on_evict=on_evict
+        16,
+        2,
+        max_seqs=4,
+        page_pool=PagePool(4),
+        blocks_per_page=4,
+        on_evict=on_evict,
+        block_keys=block_keys,
     )
     a, b = mgr.new_sequences(2)
     mgr.append([a, b], [5, 3], np.arange(8))
@@ -448,13 +455,13 @@ def _paged_manager(on_evict=None):
 
 @pytest.mark.parametrize("name", _LOGGED)
 def test_rollback_restores_each_logged_field(name):
-    mgr = _paged_manager()
+    mgr = _paged_manager(block_keys=name == "block_key")  # key rows exist with block_keys only
     field = getattr(mgr._s, name)
     flat = field.reshape(-1)  # a view: seq_table is 2-D and logged by flat index
     code = getattr(FIELD, name)
     i = field.shape[1] + 1 if field.ndim == 2 else 1  # seq_table[1, 1]
     j = flat.shape[0] - 1
-    if name == "block_hash":
+    if name in ("block_hash", "block_key"):
         flat[i] = np.uint64(2**63 + 12345)  # the int64 log entry must keep the top bit
     before, meta_before = mgr._arena.copy(), mgr._s.meta.copy()
     old_i, old_j = flat[i].item(), flat[j].item()

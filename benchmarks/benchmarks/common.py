@@ -85,7 +85,9 @@ def fits(blocks: int, num_blocks: int) -> None:
         raise NotImplementedError(f"needs {blocks} blocks, the pool has {num_blocks}")
 
 
-def manager(key, num_blocks: int, *, max_seqs: int = MAX_SEQS, fresh: bool = False, init=None):
+def manager(
+    key, num_blocks: int, *, max_seqs: int = MAX_SEQS, fresh: bool = False, init=None, **options
+):
     """The manager of one benchmark and parameter combination, built once per process.
 
     Parameters
@@ -100,6 +102,8 @@ def manager(key, num_blocks: int, *, max_seqs: int = MAX_SEQS, fresh: bool = Fal
         Build a new manager even if one is cached.
     init : callable, optional
         ``init(mgr) -> payload`` prepares the base state of a newly built manager.
+    **options
+        Further constructor arguments (``block_keys=True``, ...).
 
     Returns
     -------
@@ -110,7 +114,9 @@ def manager(key, num_blocks: int, *, max_seqs: int = MAX_SEQS, fresh: bool = Fal
     entry = None if fresh else _MANAGERS.get(key)
     if entry is None:
         _MANAGERS.pop(key, None)  # drop the old one first: a 1M-block pool is 190 MB
-        mgr = manager_class()(num_blocks, BLOCK_SIZE, max_seqs=max_seqs, max_seq_len=MAX_SEQ_LEN)
+        mgr = manager_class()(
+            num_blocks, BLOCK_SIZE, max_seqs=max_seqs, max_seq_len=MAX_SEQ_LEN, **options
+        )
         exercise(mgr)
         entry = _MANAGERS[key] = (mgr, init(mgr) if init is not None else None)
     return entry

@@ -78,15 +78,18 @@ def lookup_prefix(v, prompt, salt, limit, hits):
 @inlined
 def prompt_hits(v, p, prompt, row, length, salt, has_tokens, key_rows, caps, hits):
     """Cache hits of prompt ``p`` (token hashes, or its keys from row ``row``): (hits, hits
-    at refcount 0). ``key_rows`` and ``caps`` are None when not given: numba prunes those
-    branches, so a token-mode admit compiles without the key code."""
+    at refcount 0, blocks looked up at most). ``key_rows`` and ``caps`` are None when not
+    given: numba prunes those branches, so a token-mode admit compiles without the key code."""
     limit = (length - 1) // v.tokens.shape[1]
     if caps is not None:
         limit = min(limit, caps[p])
     if key_rows is None:
-        return lookup_prefix(v, prompt, salt, limit, hits)
+        found, cached = lookup_prefix(v, prompt, salt, limit, hits)
+        return found, cached, limit
     keys, key_counts = key_rows
-    return lookup_keys(v, keys, row, key_counts[p], salt, prompt, has_tokens, limit, hits)
+    limit = min(limit, key_counts[p])
+    found, cached = lookup_keys(v, keys, row, limit, salt, prompt, has_tokens, limit, hits)
+    return found, cached, limit
 
 
 @inlined
@@ -113,13 +116,16 @@ def validate_keys(lengths, block_size, key_rows, caps):
 
 
 @out_of_line
-def validate_admit(tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps):
+def validate_admit(
+    tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, opens_sequences
+):
     """Check an admit (or lookup) request; returns (status, bad, total tokens, total blocks,
     most blocks).
 
     Value errors first, then too long, then too many, as the reference model. Validation takes
     precedence over capacity and changes nothing. Without token ids (``has_tokens`` False,
-    engine keys only) ``tokens_in`` is empty and the prompts' lengths are their sizes.
+    engine keys only) ``tokens_in`` is empty and the prompts' lengths are their sizes. A lookup
+    (``opens_sequences`` False) needs no free sequence slot.
     """
     v = views(arena, scratch, scratch)
     max_len = v.meta[M_MAX_SEQ_LEN]
@@ -154,7 +160,7 @@ def validate_admit(tokens_in, lengths, salts, arena, scratch, has_tokens, key_ro
     for p in range(num_prompts):
         if lengths[p] > max_len:
             return ST_TOO_LONG, p, 0, 0, 0
-    if num_prompts > v.meta[M_SLOT_TOP]:
+    if opens_sequences and num_prompts > v.meta[M_SLOT_TOP]:
         return ST_TOO_MANY_SEQS, -1, 0, 0, 0
     return ST_OK, -1, total, bound, longest
 
@@ -212,7 +218,7 @@ def run_admit(
         length = lengths[p]
         salt = salts[p]
         prompt = tokens_in[start : start + length]
-        num_hits, cached_hits = prompt_hits(
+        num_hits, cached_hits, queries = prompt_hits(
             v, p, prompt, row, length, salt, has_tokens, key_rows, caps, hits
         )
         need = blocks_of(length, block_size) - num_hits
@@ -233,7 +239,7 @@ def run_admit(
             q_row = row + (0 if key_rows is None else key_rows[1][p])
             for q in range(p + 1, num_prompts):
                 q_prompt = tokens_in[later : later + lengths[q]]
-                q_hits, _ = prompt_hits(
+                q_hits, _, _ = prompt_hits(
                     v, q, q_prompt, q_row, lengths[q], salts[q], has_tokens, key_rows, caps, hits
                 )
                 needed += blocks_of(lengths[q], block_size) - q_hits
@@ -264,7 +270,7 @@ def run_admit(
         log_write(v, FIELD.seq_len, slot, v.seq_len[slot])
         v.seq_len[slot] = cached
         if meta[M_PREFIX_CACHING] != 0:
-            meta[M_PREFIX_QUERIES] += (length - 1) // block_size
+            meta[M_PREFIX_QUERIES] += queries  # blocks looked up: the cap and the keys bound it
             meta[M_PREFIX_HITS] += num_hits
         # ``has_tokens`` is a run-time bool: the same compiled append_general as append's, not
         # a copy specialised on a constant. A fresh sequence's tail is full or empty, so the
@@ -304,7 +310,7 @@ def run_lookup(
     for p in range(lengths.shape[0]):
         length = lengths[p]
         prompt = tokens_in[start : start + length]
-        found, _ = prompt_hits(
+        found, _, _ = prompt_hits(
             v, p, prompt, row, length, salts[p], has_tokens, key_rows, caps, hits[p]
         )
         for pos in range(found, hits.shape[1]):

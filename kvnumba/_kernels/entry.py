@@ -21,10 +21,11 @@ from kvnumba._kernels.append import append_need, run_append
 from kvnumba._kernels.carve import carve
 from kvnumba._kernels.check import check
 from kvnumba._kernels.engine import run_evict, run_reset_prefix_cache, run_truncate
-from kvnumba._kernels.keys import run_set_keys
+from kvnumba._kernels.keys import check_key_run, register_key_run, run_set_keys
 from kvnumba._kernels.sequences import (
     fill_lens,
     fill_tables,
+    length_and_block_size,
     resolve_ids,
     run_fork,
     run_new_sequences,
@@ -32,7 +33,7 @@ from kvnumba._kernels.sequences import (
     table_width,
 )
 from kvnumba._kernels.trim import commit_give_up, rollback_give_up, run_give_up
-from kvnumba._kernels.views import scratch_slots
+from kvnumba._kernels.views import block_size_of, scratch_slots
 from kvnumba.errors import ST_OK
 
 #: Positions of the outcome of a state-changing entry kernel (a tuple: boxing a named tuple
@@ -123,7 +124,7 @@ def _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool, has_tokens, 
     num_cached_tokens = np.zeros(num_prompts, dtype=np.int64)
     ok = np.zeros(num_prompts, dtype=np.bool_)
     status, bad, total, bound, longest = validate_admit(
-        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps
+        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, np.bool_(True)
     )
     if status != ST_OK:
         return status, bad, 0, 0, ids, num_cached_tokens, np.empty(0, dtype=np.int64), ok
@@ -211,7 +212,7 @@ def _lookup(tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, cap
     n = lengths.shape[0]
     num_cached_tokens = np.zeros(n, dtype=np.int64)
     status, bad, _, _, longest = validate_admit(
-        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps
+        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, np.bool_(False)
     )
     if status != ST_OK:
         return status, bad, num_cached_tokens, np.empty((n, 0), dtype=np.int32)
@@ -373,3 +374,120 @@ def k_check(arena, scratch):
 def k_check_paged(arena, scratch, pool):
     """``check`` of a manager on a page pool (its pages against the pool's owner records)."""
     return check(arena, scratch, pool)
+
+
+# --- one request at a time (engines that call the manager once per request) -------------------
+# Scalars in, scalars out: each array argument or result costs about 150 ns at the boundary,
+# so these take only the two arenas (and the keys) and build their one-element inputs inside.
+# The workers are append's and admit's own, compiled for the same types.
+
+
+@njit(cache=True, inline="always")
+def _append_one(seq_id, count, arena, scratch):
+    ids = np.full(1, seq_id, dtype=np.int64)
+    counts = np.full(1, count, dtype=np.int64)
+    slots = scratch_slots(scratch)[:1]
+    slot_mapping, cow_src, cow_dst, ok = _append_results(1, min(max(count, 0), 1 << 31))
+    status, bad, needed, available, num_cow = run_append(
+        ids, counts, np.empty(0, dtype=np.int64), np.bool_(False), np.bool_(True), slots,
+        slot_mapping, cow_src, cow_dst, ok, arena, scratch, scratch,
+    )  # fmt: skip
+    if status != ST_OK:
+        return status, bad, needed, available, 0, 0, -1, -1, slots[0]
+    length, block_size = length_and_block_size(slots[0], arena, scratch)
+    after = (length + block_size - 1) // block_size
+    before = (length - count + block_size - 1) // block_size
+    if num_cow > 0:
+        return status, bad, needed, available, before, after, cow_src[0], cow_dst[0], slots[0]
+    return status, bad, needed, available, before, after, -1, -1, slots[0]
+
+
+@njit(cache=True)
+def k_append_one(seq_id, count, arena, scratch):
+    """One sequence grows by ``count`` tokens without ids: returns (status, bad, needed,
+    available, blocks before, blocks after, cow_src, cow_dst, slot), -1 for no copy."""
+    return _append_one(seq_id, count, arena, scratch)
+
+
+@njit(cache=True)
+def k_append_one_keys(seq_id, count, key_start, keys, arena, scratch):
+    """``k_append_one``, then ``keys`` registered at table positions ``key_start ..`` (full
+    blocks once grown; checked before anything is written)."""
+    status, bad = check_key_run(seq_id, count, key_start, keys, arena, scratch)
+    if status != ST_OK:
+        return status, bad, 0, 0, 0, 0, -1, -1, -1
+    result = _append_one(seq_id, count, arena, scratch)
+    if result[0] == ST_OK:
+        register_key_run(result[8], key_start, keys, arena, scratch)
+    return result
+
+
+@njit(cache=True, inline="always")
+def _admit_one(tokens_in, length, salt, has_tokens, key_rows, cap, arena, scratch):
+    # The facade passes 1 <= length <= max_seq_len. Every array of the call is carved out of
+    # one allocation (ten small allocations were about a third of the call).
+    block_size = block_size_of(arena)
+    blocks = (length + block_size - 1) // block_size
+    buffer = np.empty(8 * (8 + blocks + length), dtype=np.uint8)
+    lengths = carve(buffer, 0, (1,), np.int64)
+    salts = carve(buffer, 8, (1,), np.int64)
+    caps = carve(buffer, 16, (1,), np.int64)
+    ids = carve(buffer, 24, (1,), np.int64)
+    cached = carve(buffer, 32, (1,), np.int64)
+    ok = carve(buffer, 40, (1,), np.bool_)
+    no_pairs = carve(buffer, 48, (0,), np.int32)
+    hits = carve(buffer, 64, (blocks,), np.int64)
+    slot_mapping = carve(buffer, 64 + 8 * blocks, (length,), np.int64)
+    lengths[0], salts[0], caps[0], ids[0], cached[0], ok[0] = length, salt, cap, -1, 0, False
+    status, bad, _, bound, _ = validate_admit(
+        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, np.bool_(True)
+    )
+    if status != ST_OK:
+        return status, bad, 0, 0, -1, 0
+    status, bad, needed, available, _ = run_admit(
+        tokens_in, lengths, salts, np.bool_(True), bound, ids, cached, slot_mapping, ok, hits,
+        no_pairs, arena, scratch, scratch, has_tokens, key_rows, caps,
+    )  # fmt: skip
+    return status, bad, needed, available, ids[0], cached[0]
+
+
+@njit(cache=True)
+def k_admit_one(tokens_in, salt, cap, arena, scratch):
+    """One prompt with token ids: returns (status, bad, needed, available, id, cached
+    tokens)."""
+    return _admit_one(
+        tokens_in, tokens_in.shape[0], salt, np.bool_(True), None, cap, arena, scratch
+    )
+
+
+@njit(cache=True)
+def k_admit_one_keys(length, salt, keys, cap, arena, scratch):
+    """One prompt with engine keys and no token ids (all of ``keys`` belong to it): returns
+    (status, bad, needed, available, id, cached tokens)."""
+    key_counts = np.full(1, keys.shape[0], dtype=np.int64)
+    return _admit_one(
+        np.empty(0, dtype=np.int64), length, salt, np.bool_(False), (keys, key_counts), cap,
+        arena, scratch,
+    )  # fmt: skip
+
+
+@njit(cache=True)
+def k_lookup_one_keys(length, salt, keys, cap, arena, scratch):
+    """``lookup`` of one prompt with engine keys and no token ids: returns (status, bad, hit
+    blocks)."""
+    lengths = np.full(1, length, dtype=np.int64)
+    salts = np.full(1, salt, dtype=np.int64)
+    caps = np.full(1, cap, dtype=np.int64)
+    key_rows = (keys, np.full(1, keys.shape[0], dtype=np.int64))
+    tokens_in = np.empty(0, dtype=np.int64)
+    status, bad, _, _, _ = validate_admit(
+        tokens_in, lengths, salts, arena, scratch, np.bool_(False), key_rows, caps,
+        np.bool_(False),
+    )  # fmt: skip
+    hits = np.empty((1, keys.shape[0]), dtype=np.int64)
+    if status != ST_OK:
+        return status, bad, hits[0, :0]
+    width = run_lookup(
+        tokens_in, lengths, salts, salts, hits, arena, scratch, np.bool_(False), key_rows, caps
+    )
+    return ST_OK, -1, hits[0, :width]

@@ -7,15 +7,17 @@ zero words. A leaf module: the prefix table and the block steps both record even
 """
 
 import numpy as np
+from numba import int64, void
 
 from kvnumba._kernels.jit import inlined, out_of_line
+from kvnumba._kernels.views import VIEWS
 from kvnumba._state import M_EVENTS, M_KEYED, S_EVT_N
 
 EVENT_STORED = 1
 EVENT_REMOVED = 2
 
 
-@out_of_line
+@out_of_line(void(VIEWS, int64, int64))
 def record_event(v, kind, b):
     """Append an event row for block ``b`` (its key as it is now); once per event at most."""
     n = v.scr[S_EVT_N]
@@ -31,8 +33,10 @@ def record_event(v, kind, b):
     v.scr[S_EVT_N] = n + 1
 
 
-@inlined
+# Explicit signatures: call sites pass literal kinds and int32 or int64 blocks, which would
+# otherwise compile a version per combination.
+@inlined(void(VIEWS, int64, int64))
 def note_event(v, kind, b):
     """:func:`record_event` when the manager records events (tested inline: most do not)."""
     if v.meta[M_EVENTS] != 0:
-        record_event(v, np.int64(kind), np.int64(b))
+        record_event(v, kind, b)

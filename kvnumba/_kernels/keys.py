@@ -12,7 +12,7 @@ import numpy as np
 from kvnumba._kernels.events import EVENT_STORED, note_event
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.prefix import table_insert
-from kvnumba._kernels.sequences import resolve_ids
+from kvnumba._kernels.sequences import resolve, resolve_ids
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
 from kvnumba._state import (
@@ -121,8 +121,9 @@ def register_key(v, b, keys, row, salt):
         v.block_key[b, w] = keys[row, w]
     set_logged(v, v.block_salt, FIELD.block_salt, b, salt)
     new_flags = flags[b] | F_HASHED
-    known = (flags[b] & F_KNOWN) != 0
-    if table_find_key(v, h, salt, keys, row, v.tokens[b], known) < 0:
+    # One registered block per key and salt (what an engine's key means), whatever the tokens:
+    # a block whose key is registered keeps the key, unregistered.
+    if table_find_key(v, h, salt, keys, row, v.tokens[b], False) < 0:
         new_flags |= F_REGISTERED
         table_insert(v, b, h)
     set_logged(v, flags, FIELD.block_flags, b, new_flags)
@@ -134,6 +135,30 @@ def register_key(v, b, keys, row, salt):
 def keyed(v):
     """Whether the manager registers blocks under engine keys."""
     return v.meta[M_KEYED] != 0
+
+
+@inlined
+def _same_words(a, b):
+    for w in range(4):
+        if a[w] != b[w]:
+            return False
+    return True
+
+
+@out_of_line
+def _keyed_twice(v, ids, starts, counts, slots, keys, i, pos, row):
+    """Whether an earlier row of this ``set_keys`` call gives the block at ``(ids[i], pos)``
+    (``row``) a different key; only asked for shared blocks, so rarely."""
+    b = v.seq_table[slots[i], pos]
+    earlier = 0
+    for j in range(i + 1):
+        for q in range(starts[j], starts[j] + counts[j]):
+            if earlier == row:
+                return False
+            if v.seq_table[slots[j], q] == b and not _same_words(keys[earlier], keys[row]):
+                return True
+            earlier += 1
+    return False
 
 
 @out_of_line
@@ -167,9 +192,11 @@ def run_set_keys(ids, starts, counts, keys, slots, arena, scratch):
         for pos in range(starts[i], starts[i] + counts[i]):
             b = v.seq_table[slots[i], pos]
             if (v.block_flags[b] & F_HASHED) != 0:
-                for w in range(4):
-                    if v.block_key[b, w] != keys[row, w]:
-                        return ST_KEY_CONFLICT, i, 0
+                if not _same_words(v.block_key[b], keys[row]):
+                    return ST_KEY_CONFLICT, i, 0
+            elif v.ref[b] > 1 and _keyed_twice(v, ids, starts, counts, slots, keys, i, pos, row):
+                # A shared block is given another key by an earlier row of this call.
+                return ST_KEY_CONFLICT, i, 0
             row += 1
     for name in (S_EV_N, S_EVT_N, S_MAP_N, S_UNMAP_N, S_FAILED):
         v.scr[name] = 0
@@ -185,3 +212,37 @@ def run_set_keys(ids, starts, counts, keys, slots, arena, scratch):
                 registered += 1
             row += 1
     return ST_OK, -1, registered
+
+
+@out_of_line
+def check_key_run(seq_id, count, start, keys, arena, scratch):
+    """Whether ``keys`` may go to table positions ``start ..`` of sequence ``seq_id`` once it
+    has grown by ``count`` tokens: (status, bad). Read only; an unknown id or a bad count is
+    left to the append's own validation (ST_OK here)."""
+    v = views(arena, scratch, scratch)
+    status, slot = resolve(v, seq_id)
+    if status != ST_OK or count < 0:
+        return ST_OK, -1
+    block_size = v.tokens.shape[1]
+    length = v.seq_len[slot]
+    full = (length + count) // block_size
+    if start < 0 or keys.shape[0] > full - start:
+        return ST_BAD_KEY_POSITION, 0
+    held = (length + block_size - 1) // block_size
+    for r in range(keys.shape[0]):
+        pos = start + r
+        if pos < held:
+            b = v.seq_table[slot, pos]
+            if (v.block_flags[b] & F_HASHED) != 0 and not _same_words(v.block_key[b], keys[r]):
+                return ST_KEY_CONFLICT, 0
+    return ST_OK, -1
+
+
+@out_of_line
+def register_key_run(slot, start, keys, arena, scratch):
+    """Register ``keys`` at table positions ``start ..`` of sequence slot ``slot`` (checked
+    by :func:`check_key_run` before the append that made them full)."""
+    v = views(arena, scratch, scratch)
+    salt = v.seq_salt[slot]
+    for r in range(keys.shape[0]):
+        register_key(v, v.seq_table[slot, start + r], keys, np.int64(r), salt)

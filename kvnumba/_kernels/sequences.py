@@ -195,3 +195,10 @@ def fill_lens(slots, out, arena, scratch):
     v = views(arena, scratch, scratch)
     for i in range(slots.shape[0]):
         out[i] = v.seq_len[slots[i]]
+
+
+@out_of_line
+def length_and_block_size(slot, arena, scratch):
+    """Tokens held by sequence slot ``slot``, and the block size (for NRT entry kernels)."""
+    v = views(arena, scratch, scratch)
+    return v.seq_len[slot], np.int64(v.tokens.shape[1])

@@ -124,6 +124,15 @@ def scratch_slots(scratch):
     return carve(scratch, offset, (header_entry(scratch, _SLOTS, H_NBYTES) >> 3,), np.int64)
 
 
+_TOKENS = [f.name for f in STATE_FIELDS].index("tokens")
+
+
+@njit(cache=True, inline="always")
+def block_size_of(arena):
+    """The block size of a state arena (its ``tokens`` field's second dimension)."""
+    return header_entry(arena, _TOKENS, H_DIM1)
+
+
 if __name__ == "__main__":
     GENERATED.write_text(generate())
     print(f"wrote {GENERATED}")

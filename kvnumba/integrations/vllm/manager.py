@@ -14,8 +14,6 @@ hits, and the keys of the blocks that become full and final are registered with 
 from __future__ import annotations
 
 import numpy as np
-from vllm.distributed.kv_events import AllBlocksCleared, BlockStored
-from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
 from vllm.v1.metrics.stats import PrefixCacheStats
@@ -26,10 +24,10 @@ from kvnumba._ids import slot_bits
 from kvnumba._state import F_HASHED, M_USED
 from kvnumba.integrations.engine_keys import KEY_BYTES, keys_from_hashes
 from kvnumba.integrations.vllm import _events
+from kvnumba.integrations.vllm._maintenance import CacheMaintenance
+from kvnumba.integrations.vllm._unserved import UnservedFeatureSteps
 from kvnumba.integrations.vllm._views import BlockPoolView, CoordinatorView
 from kvnumba.integrations.vllm.support import manager_fallback_reason
-
-logger = init_logger(__name__)
 
 _NO_KEYS = np.zeros((0, 4), dtype=np.uint64)
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -49,7 +47,7 @@ class _Held:
         self.ncached = ncached
 
 
-class KVNumbaKVCacheManager:
+class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
     """vLLM's ``KVCacheManager`` for one full-attention group, backed by kvnumba.
 
     The constructor takes ``KVCacheManager``'s arguments; a configuration kvnumba does not
@@ -164,11 +162,8 @@ class KVNumbaKVCacheManager:
         self._last_hits: tuple[str, np.ndarray] | None = None
         # Keys of running requests' newly full blocks, registered in one call (flush_keys).
         self._pending: dict[int, tuple[_Held, object, int]] = {}
-        # One-request argument arrays, reused: kvnumba passes int64 arrays through unconverted.
-        self._count = np.zeros(1, dtype=np.int64)
-        self._admit_args = np.zeros((3, 1), dtype=np.int64)  # lengths, key counts, hit caps
+        # One-request argument arrays for set_keys, reused: kvnumba passes int64 arrays through.
         self._key_args = np.zeros((2, 1), dtype=np.int64)  # starts, counts
-        self._lookup_args = np.zeros((2, 1), dtype=np.int64)  # lengths, key counts
         self.block_pool = BlockPoolView(self)
         self._blocks = self.block_pool.blocks
         self.coordinator = CoordinatorView(self, spec)
@@ -196,54 +191,11 @@ class KVNumbaKVCacheManager:
     def _num_free(self) -> int:
         return self._usable - int(self._meta[M_USED])
 
-    def _drain(self, request, held: _Held | None) -> None:
-        """Translate the events kvnumba recorded in the call just made for ``request``."""
-        events = self.kvnumba.take_events()
-        if events.kind.shape[0] == 0:
-            return
-
-        def positions() -> dict[int, int]:
-            row = self._table[held.slot, : held.nblocks].tolist()
-            return {b: i for i, b in enumerate(row)}
-
-        self.pending_events += _events.translate(
-            events,
-            positions if held is not None else None,
-            request,
-            self.block_size,
-            self.hash_width,
-            self.kv_cache_event_metadata[0][0],
-            self._hash_lookahead,
-        )
-
     # ------------------------------------------------------------------------- properties
     @property
     def usage(self) -> float:
         """Fraction of the usable blocks that requests reference."""
         return self.block_pool.get_usage()
-
-    # -------------------------------------------------------------------------- prefix stats
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """Take (and reset) the prefix cache stats; None unless ``log_stats``."""
-        if not self.log_stats:
-            return None
-        stats = self.prefix_cache_stats
-        self.prefix_cache_stats = PrefixCacheStats()
-        return stats
-
-    def prefix_cache_lookup_enabled(self, request) -> bool:
-        """Whether ``request`` may read the prefix cache."""
-        return self.enable_caching and not request.skip_reading_prefix_cache
-
-    def record_prefix_cache_stats(self, request, num_hits: int) -> None:
-        """Count one admitted request's lookup: its tokens as queries, ``num_hits`` as hits."""
-        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
-            return
-        self.prefix_cache_stats.record(
-            num_tokens=request.num_tokens,
-            num_hits=num_hits,
-            preempted=request.num_preemptions > 0,
-        )
 
     # ------------------------------------------------------------------------- the hot path
     def get_computed_blocks(
@@ -274,15 +226,15 @@ class KVNumbaKVCacheManager:
         if n <= 0:
             return self.empty_kv_cache_blocks, 0, 0
         # Length n blocks + 1 token: kvnumba's last-token rule then allows exactly n hits.
-        arg = self._lookup_args
-        arg[0, 0], arg[1, 0] = n * self.block_size + 1, n
-        found = self.kvnumba.lookup(None, arg[0], keys=self._keys(hashes, 0, n), key_counts=arg[1])
-        hits = int(found.num_cached_tokens[0]) // self.block_size
+        found = self.kvnumba.lookup_one(
+            length=n * self.block_size + 1, keys=self._keys(hashes, 0, n)
+        )
+        hits = found.shape[0]
         if self.use_eagle and hits:
             hits -= 1  # EAGLE recomputes the last hit block for its hidden states
         if hits == 0:
             return self.empty_kv_cache_blocks, 0, 0
-        ids = found.block_ids[0, :hits]
+        ids = found[:hits]
         self._last_hits = (request.request_id, ids)
         if self._events_on and getattr(request, "kv_cache_report_mode", "incremental") == "full":
             kind = self.kv_cache_event_metadata[0][0]
@@ -477,8 +429,7 @@ class KVNumbaKVCacheManager:
             return None
         old = held.nblocks
         if needed > 0:
-            self._count[0] = needed * bs
-            self.kvnumba.append(held.ids, self._count)
+            self.kvnumba.append_one(held.seq, needed * bs)
             held.nblocks = nblocks
         if self.enable_caching:
             to_cache = computed + num_new_tokens
@@ -511,26 +462,21 @@ class KVNumbaKVCacheManager:
         num_keys = 0
         if self.enable_caching:
             num_keys = max(min(to_cache, len(hashes) * bs) // bs, num_hits)
-        arg = self._admit_args
-        arg[0, 0], arg[1, 0], arg[2, 0] = nblocks * bs, num_keys, num_hits
         try:
-            got = self.kvnumba.admit(
+            seq, cached = self.kvnumba.admit_one(
                 None,
-                arg[0],
+                length=nblocks * bs,
                 keys=self._keys(hashes, 0, num_keys),
-                key_counts=arg[1],
-                max_hit_blocks=arg[2],
+                max_hit_blocks=num_hits,
             )
         except (kvnumba.PoolExhausted, kvnumba.TooManySequences):
             return None
-        seq = int(got.ids[0])
-        if int(got.num_cached_tokens[0]) != num_hits * bs:
+        if cached != num_hits * bs:
             self.kvnumba.release([seq])
             raise RuntimeError(
                 f"request {request.request_id}: {num_hits} prefix-hit blocks were passed to "
-                f"allocate_slots but only {int(got.num_cached_tokens[0]) // bs} are still "
-                "cached (get_computed_blocks and allocate_slots must not be separated by calls "
-                "that evict)"
+                f"allocate_slots but only {cached // bs} are still cached (get_computed_blocks "
+                "and allocate_slots must not be separated by calls that evict)"
             )
         held = _Held(seq, seq & self._slot_mask, nblocks, num_keys)
         self.held[request.request_id] = held
@@ -642,131 +588,3 @@ class KVNumbaKVCacheManager:
         return self.create_kv_cache_blocks(
             (list(blocks.blocks[0][: num_computed_tokens // self.block_size]),)
         )
-
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        """Deprecated in vLLM (cascade attention is gone): always ``[0]``."""
-        return [0]
-
-    # ------------------------------------------------------------------ cache maintenance
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix, as vLLM does: only when no request holds a block.
-
-        Returns
-        -------
-        bool
-            False (and nothing changes) while requests hold blocks.
-        """
-        self.flush_keys()
-        used = int(self._meta[M_USED])
-        if used:
-            logger.warning(
-                "Failed to reset prefix cache because some blocks (%d) are not freed yet", used
-            )
-            return False
-        self.kvnumba.reset_prefix_cache()
-        if self._events_on:
-            # vLLM reports one AllBlocksCleared, not a removal per block.
-            self.kvnumba.take_events()
-            self.pending_events.append(AllBlocksCleared())
-        if self.log_stats:
-            self.prefix_cache_stats.reset = True
-        return True
-
-    def evict_blocks(self, block_ids) -> None:
-        """Evict the given blocks from the prefix cache (``kvnumba.evict``).
-
-        Cached blocks (refcount 0) are evicted and freed. kvnumba cannot yet drop the key of a
-        block a request still holds (vLLM can); such blocks are skipped with a warning.
-        """
-        ids = np.fromiter(block_ids, dtype=np.int64)
-        if ids.shape[0] == 0:
-            return
-        self.flush_keys()
-        if ids.min() < 0 or ids.max() >= self.kvnumba.num_blocks:
-            raise AssertionError(f"Invalid block_id in {sorted(ids.tolist())}")
-        held = ids[self._ref[ids] > 0]
-        if held.shape[0]:
-            logger.warning(
-                "kvnumba cannot unregister blocks requests hold: %s", sorted(held.tolist())
-            )
-        self.kvnumba.evict(ids[self._ref[ids] == 0])
-        if self._events_on:
-            self._drain(None, None)
-
-    def take_events(self) -> list:
-        """Take the KV events translated since the last call (empty unless enabled)."""
-        if not self._events_on:
-            return []
-        self.flush_keys()
-        self._drain(None, None)
-        events, self.pending_events = self.pending_events, []
-        # Events queued by others (vLLM's connectors append to the pool's queue) get the
-        # group's spec metadata here, as vLLM's take_events annotates them.
-        for event in events:
-            if not isinstance(event, BlockStored) or event.group_idx is None:
-                continue
-            if event.group_idx != 0:
-                logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
-                continue
-            event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = (
-                self.kv_cache_event_metadata[0]
-            )
-        return events
-
-    def check(self) -> None:
-        """Verify kvnumba's invariants and the adapter's bookkeeping against them (O(pool)).
-
-        Raises
-        ------
-        kvnumba.InvariantViolation
-            From kvnumba's own ``check()``, or when a held request's sequence is not live, its
-            table row, length or key count disagree with the adapter's record, or the blocks the
-            requests hold are not the blocks kvnumba counts as used.
-        """
-        self.flush_keys()
-        self.kvnumba.check()
-        held_blocks = set()
-        for rid, held in self.held.items():
-            row = self._table[held.slot]
-            problem = None
-            if not self.kvnumba.is_live(held.seq):
-                problem = "its sequence is not live"
-            elif int(self.kvnumba.seq_lens(held.ids)[0]) != held.nblocks * self.block_size:
-                problem = "kvnumba's length is not its blocks times the block size"
-            elif int(np.count_nonzero(row >= 0)) != held.nblocks:
-                problem = f"its table row holds {int(np.count_nonzero(row >= 0))} blocks"
-            elif not 0 <= held.ncached <= held.nblocks:
-                problem = f"{held.ncached} keyed blocks of {held.nblocks}"
-            if problem is not None:
-                raise kvnumba.InvariantViolation(f"vLLM request {rid}: {problem}")
-            held_blocks.update(row[: held.nblocks].tolist())
-        used = int(self._meta[M_USED])
-        if len(held_blocks) != used or 0 in held_blocks:
-            raise kvnumba.InvariantViolation(
-                f"requests hold {len(held_blocks)} distinct blocks, kvnumba counts {used} used"
-            )
-
-    # ------------------------------------------------ steps of vLLM features not served here
-    def remove_skipped_blocks(
-        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens=None
-    ) -> None:
-        """Full attention skips no tokens: nothing to remove."""
-
-    def new_step_starts(self) -> None:
-        """Nothing is kept per step."""
-
-    def take_new_block_ids(self) -> list[int]:
-        """No KV cache zeroing is served: always empty."""
-        return []
-
-    def take_kv_cache_block_copies(self) -> tuple[list, list]:
-        """No partial-block hits, so no copies: always empty."""
-        return [], []
-
-    def take_boundary_state_offloads(self) -> dict:
-        """No Mamba groups: always empty."""
-        return {}
-
-    def finalize_partial_tail_offloads(self, request) -> list:
-        """No Mamba groups: always empty."""
-        return []

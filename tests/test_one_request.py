@@ -1,0 +1,255 @@
+"""``append_one`` / ``admit_one`` / ``table_row``: the one-request calls do exactly what the
+batched calls do (twin managers end byte-identical), raise the same typed errors and change
+nothing when they fail."""
+
+import hashlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvnumba
+from kvnumba import PagePool, PoolExhausted, SequenceReleased, SequenceTooLong
+from kvnumba._ids import ID_TAG_SHIFT
+from kvnumba._state import M_ID_TAG
+
+
+def _key(i):
+    return np.frombuffer(hashlib.sha256(str(i).encode()).digest(), dtype=np.uint64)
+
+
+KEYS = np.stack([_key(i) for i in range(64)])
+
+
+def _twins(**kwargs):
+    evicted = ([], [])
+    managers = [
+        kvnumba.BlockManager(
+            24,
+            4,
+            max_seqs=16,
+            max_seq_len=64,
+            on_evict=lambda b, h, t, out=out: out.append(b.tolist()),
+            **kwargs,
+        )
+        for out in evicted
+    ]
+    return managers, evicted
+
+
+def _same_state(a, b):
+    """Byte-identical but for the id tag (every manager has its own)."""
+    for name, x, y in zip(a.state._fields, a.snapshot(), b.snapshot(), strict=True):
+        if name == "meta":
+            x, y = x.copy(), y.copy()
+            x[M_ID_TAG] = y[M_ID_TAG] = 0
+        assert np.array_equal(x, y), name
+
+
+def _untagged(outcome):
+    """An outcome with its sequence id's tag removed (ids of twins differ in the tag only)."""
+    if isinstance(outcome, tuple):
+        return (outcome[0] & (1 << ID_TAG_SHIFT) - 1, *outcome[1:])
+    return outcome
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("admit"), st.integers(1, 20), st.integers(0, 3), st.integers(0, 5)),
+        st.tuples(st.just("append"), st.integers(0, 15), st.integers(0, 9), st.just(0)),
+        st.tuples(st.just("release"), st.integers(0, 15), st.just(0), st.just(0)),
+        st.tuples(st.just("fork"), st.integers(0, 15), st.just(0), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=ops, keyed=st.booleans())
+def test_one_request_calls_match_the_batched_calls(ops, keyed):
+    (one, batched), evicted = _twins(block_keys=keyed, block_events=True, reserved_blocks=1)
+    live = []
+    for op, a, b, c in ops:
+        if op == "admit":
+            length, prefix, cap = a, b, c
+            tokens = (np.arange(length) % 7 + 10 * prefix).astype(np.int64)
+            keys = KEYS[prefix * 5 : prefix * 5 + length // 4] if keyed else None
+            outcomes = []
+            for m, single in ((one, True), (batched, False)):
+                try:
+                    if single:
+                        outcomes.append(m.admit_one(tokens, keys=keys, max_hit_blocks=cap))
+                    else:
+                        r = m.admit(tokens, [length], keys=keys, max_hit_blocks=cap)
+                        outcomes.append((int(r.ids[0]), int(r.num_cached_tokens[0])))
+                except kvnumba.KVNumbaError as error:
+                    outcomes.append(type(error))
+            assert _untagged(outcomes[0]) == _untagged(outcomes[1])
+            if isinstance(outcomes[0], tuple):
+                live.append((outcomes[0][0], outcomes[1][0]))
+        elif op == "append" and live:
+            pair, count = live[a % len(live)], b
+            outcomes = []
+            for m, single, seq in ((one, True, pair[0]), (batched, False, pair[1])):
+                before = -(-int(m.seq_lens([seq])[0]) // 4)
+                try:
+                    if single:
+                        outcomes.append(m.append_one(seq, count))
+                    else:
+                        r = m.append([seq], [count])
+                        after = -(-int(m.seq_lens([seq])[0]) // 4)
+                        copy = (
+                            (int(r.cow_src[0]), int(r.cow_dst[0])) if len(r.cow_src) else (-1, -1)
+                        )
+                        outcomes.append((before, after, *copy))
+                except kvnumba.KVNumbaError as error:
+                    outcomes.append(type(error))
+            assert outcomes[0] == outcomes[1]
+            if isinstance(outcomes[0], tuple):
+                row = one.table_row(pair[0])
+                assert np.array_equal(row[: outcomes[0][1]], one.block_tables([pair[0]])[0])
+        elif op == "fork" and live and len(live) < 12:
+            pair = live[a % len(live)]
+            live.append((int(one.fork([pair[0]])[0, 0]), int(batched.fork([pair[1]])[0, 0])))
+        elif op == "release" and live:
+            pair = live.pop(a % len(live))
+            one.release([pair[0]])
+            batched.release([pair[1]])
+        one.check()
+        _same_state(one, batched)
+        assert evicted[0] == evicted[1]
+        first, second = one.take_events(), batched.take_events()
+        for x, y in zip(first, second, strict=True):
+            assert np.array_equal(x, y)
+
+
+def test_append_one_failure_changes_nothing_and_raises_typed_errors():
+    m = kvnumba.BlockManager(4, 4, max_seqs=4, max_seq_len=32)
+    seq, _ = m.admit_one(np.arange(9))
+    before = m.snapshot()
+    with pytest.raises(PoolExhausted) as error:
+        m.append_one(seq, 12)
+    assert (error.value.needed, error.value.available) == (3, 1)
+    with pytest.raises(SequenceTooLong):
+        m.append_one(seq, 40)
+    with pytest.raises(ValueError, match="negative"):
+        m.append_one(seq, -1)
+    for bad in (1.0, True, "1", None):
+        with pytest.raises(TypeError):
+            m.append_one(seq, bad)
+        with pytest.raises(TypeError):
+            m.append_one(bad, 1)
+    for x, y in zip(before, m.snapshot(), strict=True):
+        assert np.array_equal(x, y)
+    m.release([seq])
+    with pytest.raises(SequenceReleased):
+        m.append_one(seq, 1)
+    with pytest.raises(SequenceReleased):
+        m.table_row(seq)
+
+
+def test_admit_one_failure_changes_nothing():
+    m = kvnumba.BlockManager(4, 4, max_seqs=2, max_seq_len=32, block_keys=True)
+    m.admit_one(None, length=9, keys=KEYS[:2])
+    before = m.snapshot()
+    with pytest.raises(PoolExhausted):
+        m.admit_one(None, length=16, keys=KEYS[5:9])
+    with pytest.raises(ValueError, match="key_counts"):
+        m.admit_one(None, length=7, keys=KEYS[:2])  # two keys for one full block
+    with pytest.raises(ValueError, match="negative"):
+        m.admit_one(None, length=4, max_hit_blocks=-1)
+    with pytest.raises(ValueError, match="tokens or a length"):
+        m.admit_one()
+    with pytest.raises(SequenceTooLong):
+        m.admit_one(None, length=33)
+    with pytest.raises(TypeError):
+        m.admit_one(None, length=4.0)
+    for x, y in zip(before, m.snapshot(), strict=True):
+        assert np.array_equal(x, y)
+    plain = kvnumba.BlockManager(4, 4)
+    with pytest.raises(ValueError, match="block_keys"):
+        plain.admit_one(None, length=4)
+
+
+def test_table_row_is_a_live_read_only_view():
+    m = kvnumba.BlockManager(16, 4, max_seqs=4, max_seq_len=32)
+    seq, _ = m.admit_one(np.arange(5))
+    row = m.table_row(seq)
+    assert row.tolist()[:3] == [0, 1, -1]
+    assert m.append_one(seq, 4) == (2, 3, -1, -1)
+    assert row.tolist()[:3] == [0, 1, 2]  # the same view, grown
+    with pytest.raises(ValueError):
+        row[0] = 5
+
+
+def test_one_request_calls_on_a_page_pool_take_the_batched_path():
+    pool = PagePool(4)
+    m = kvnumba.BlockManager(16, 4, max_seqs=4, page_pool=pool, blocks_per_page=4)
+    seq, cached = m.admit_one(np.arange(6))
+    assert cached == 0
+    assert m.append_one(seq, 3) == (2, 3, -1, -1)
+    child = int(m.fork([seq])[0, 0])
+    shared_tail = int(m.block_tables([seq])[0, 2])
+    before, after, cow_src, cow_dst = m.append_one(child, 1)  # a shared partial tail: copied
+    assert (before, after, cow_src) == (3, 3, shared_tail)
+    assert cow_dst == int(m.block_tables([child])[0, 2]) != shared_tail
+    m.check()
+    pool.check()
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.integers(0, 9), max_size=30), paged=st.booleans())
+def test_append_one_with_keys_matches_append_then_set_keys(steps, paged):
+    def make():
+        pool = PagePool(8) if paged else None
+        return kvnumba.BlockManager(
+            32,
+            4,
+            max_seqs=4,
+            max_seq_len=128,
+            block_keys=True,
+            block_events=True,
+            page_pool=pool,
+            blocks_per_page=4 if paged else None,
+        )
+
+    one, batched = make(), make()
+    a, _ = one.admit_one(None, length=3)
+    b = int(batched.admit(None, [3]).ids[0])
+    keyed = 0
+    for count in steps:
+        length = int(one.seq_lens([a])[0]) + count
+        if length > 128:
+            break
+        full = length // 4
+        keys = KEYS[keyed:full]
+        outcome = one.append_one(a, count, key_start=keyed, keys=keys)
+        batched.append([b], [count])
+        batched.set_keys([b], [keyed], [full - keyed], keys)
+        assert outcome[:2] == (-(-(length - count) // 4), -(-length // 4))
+        keyed = full
+        one.check()
+        _same_state(one, batched)
+        for x, y in zip(one.take_events(), batched.take_events(), strict=True):
+            assert np.array_equal(x, y)
+
+
+def test_append_one_with_bad_keys_changes_nothing():
+    m = kvnumba.BlockManager(16, 4, max_seqs=2, block_keys=True)
+    seq, _ = m.admit_one(None, length=6, keys=KEYS[:1])
+    before = m.snapshot()
+    with pytest.raises(ValueError, match="not all full blocks"):
+        m.append_one(seq, 1, key_start=1, keys=KEYS[1:3])  # block 2 would not be full
+    with pytest.raises(ValueError, match="another key"):
+        m.append_one(seq, 2, key_start=0, keys=KEYS[5:7])  # block 0 has key 0
+    with pytest.raises(ValueError, match="full blocks"):
+        m.append_one(seq, 2, key_start=-1, keys=KEYS[:1])
+    with pytest.raises(ValueError, match="shape"):
+        m.append_one(seq, 2, key_start=1, keys=KEYS[1])
+    for x, y in zip(before, m.snapshot(), strict=True):
+        assert np.array_equal(x, y)
+    plain = kvnumba.BlockManager(16, 4)
+    other = plain.new_sequences(1)[0]
+    with pytest.raises(ValueError, match="block_keys"):
+        plain.append_one(other, 4, keys=KEYS[:1])
