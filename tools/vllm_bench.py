@@ -298,9 +298,21 @@ class Meter:
         A timed call is running (read by the garbage-collector callback).
     gc_ns, gc_in_kv_ns, gc_count : int
         Collector pauses so far: all of them, the part inside timed calls, how many.
+    failed_call : str or None
+        The last timed call that raised, with its arguments (:func:`describe_call`).
     """
 
-    __slots__ = ("ns", "calls", "per_method", "inside", "gc_ns", "gc_in_kv_ns", "gc_count", "_t")
+    __slots__ = (
+        "ns",
+        "calls",
+        "per_method",
+        "inside",
+        "gc_ns",
+        "gc_in_kv_ns",
+        "gc_count",
+        "failed_call",
+        "_t",
+    )
 
     def __init__(self) -> None:
         self.ns = 0
@@ -310,6 +322,7 @@ class Meter:
         self.gc_ns = 0
         self.gc_in_kv_ns = 0
         self.gc_count = 0
+        self.failed_call: str | None = None
         self._t = 0
 
     def gc_callback(self, phase: str, info: dict) -> None:
@@ -332,7 +345,26 @@ class Meter:
         return self.per_method.setdefault(name, [0, 0])
 
 
-def _timed(fn, meter: Meter, cell: list[int]):
+def describe_call(name: str, args: tuple, kwargs: dict) -> str:
+    """A one-line account of a manager call: requests by id and counters, the rest by repr."""
+
+    def one(a) -> str:
+        rid = getattr(a, "request_id", None)
+        if isinstance(rid, str):
+            return (
+                f"Request({rid!r}, num_tokens={a.num_tokens}, num_prompt_tokens="
+                f"{a.num_prompt_tokens}, num_computed_tokens={a.num_computed_tokens}, "
+                f"num_output_tokens={a.num_output_tokens}, block_hashes="
+                f"{len(a.block_hashes)}, num_preemptions={a.num_preemptions})"
+            )
+        text = repr(a)
+        return text if len(text) <= 200 else text[:200] + "..."
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
+
+
+def _timed(fn, meter: Meter, cell: list[int], name: str = "?"):
     """``fn`` wrapped to add its wall time and one call to ``meter`` and ``cell``."""
     clock = time.perf_counter_ns
 
@@ -341,6 +373,10 @@ def _timed(fn, meter: Meter, cell: list[int]):
         t0 = clock()
         try:
             return fn(*args, **kwargs)
+        except BaseException:
+            # Kept for the failure report: which call, with what (costs nothing otherwise).
+            meter.failed_call = describe_call(name, args, kwargs)
+            raise
         finally:
             dt = clock() - t0
             meter.inside = False
@@ -402,7 +438,7 @@ class TimedProxy:
                 cell[1] += dt
         value = getattr(target, name)
         if callable(value) and inspect.ismethod(value) and not name.startswith("_"):
-            wrapped = _timed(value, meter, meter.record(prefix + name))
+            wrapped = _timed(value, meter, meter.record(prefix + name), prefix + name)
             # Cached on the proxy: later lookups skip __getattr__ entirely.
             object.__setattr__(self, name, wrapped)
             return wrapped
@@ -853,6 +889,7 @@ def run_stream(
             "running": [r.request_id for r in scheduler.running][:64],
             "waiting": [r.request_id for r in list(scheduler.waiting)[:64]],
             "exception": f"{type(exc).__name__}: {exc}",
+            "manager_call": meter.failed_call,
             "traceback": traceback.format_exc(),
         }
     res.wall_s = time.perf_counter() - t_start
@@ -894,20 +931,26 @@ def compare(ref: RunResult, other: RunResult, limit: int = 5) -> dict:
         "differing_steps": len(diff_b),
         "first": [(i, ref.new_blocks[i], other.new_blocks[i]) for i in diff_b[:2]],
     }
-    keys = set(ref.cached_tokens) | set(other.cached_tokens)
+    if ref.error or other.error:
+        # A failed run stops early: compare what both got to, and say so.
+        out["stopped_early"] = True
+        keys = set(ref.cached_tokens) & set(other.cached_tokens)
+    else:
+        keys = set(ref.cached_tokens) | set(other.cached_tokens)
     dc = sorted(k for k in keys if ref.cached_tokens.get(k) != other.cached_tokens.get(k))
     out["cached_tokens"] = {
         "differing_requests": len(dc),
         "first": [(k, ref.cached_tokens.get(k), other.cached_tokens.get(k)) for k in dc[:limit]],
         "total": [_cached_total(ref), _cached_total(other)],
     }
-    out["identical"] = (
-        len(ref.scheduled) == len(other.scheduled)
-        and not diff
+    same_prefix = (
+        not diff
         and not diff_b
         and not dc
         and all(out[k]["differing_steps"] == 0 for k in ("tokens", "queries", "hits", "preempted"))
     )
+    out["same_up_to_common_steps"] = same_prefix
+    out["identical"] = len(ref.scheduled) == len(other.scheduled) and same_prefix
     return out
 
 
@@ -1387,7 +1430,12 @@ def render(args, stream, groups, runs, checks, labels, overhead, notes) -> str:
         )
     lines += ["", "### Same schedule?", ""]
     for name, c in checks.items():
-        if c["identical"]:
+        if c.get("stopped_early") and c["same_up_to_common_steps"]:
+            lines.append(
+                f"- {name} vs {base}#0: a run failed (see Failures); the schedules agree in "
+                f"every check over the {min(c['steps'])} steps both ran"
+            )
+        elif c["identical"]:
             lines.append(
                 f"- {name} vs {base}#0: identical (steps, tokens and new blocks per request per "
                 "step, preemptions, prefix-cache queries/hits per step, cached tokens per "
@@ -1402,6 +1450,7 @@ def render(args, stream, groups, runs, checks, labels, overhead, notes) -> str:
             lines += [
                 f"- {lab}#{i}: step {err['step']}, in {err['phase']} (virtual step {err['virtual_step']}, "
                 f"{err['requests_added']} requests added): `{err['exception']}`",
+                f"  failing KV-manager call: `{err.get('manager_call')}`",
                 f"  scheduled in that step: {err['scheduled_this_step']}",
                 f"  running: {err.get('running')}",
                 f"  waiting (head): {err.get('waiting')}",
