@@ -139,8 +139,14 @@ class OneRequestCalls:
         PoolExhausted, SequenceTooLong, TooManySequences, ValueError, TypeError
             As ``admit``; nothing is changed by a failed call.
         """
-        salt = _int(salt, "salt")
-        cap = _CAP_NONE if max_hit_blocks is None else _int(max_hit_blocks, "max_hit_blocks")
+        if type(salt) is not int:
+            salt = _int(salt, "salt")
+        if max_hit_blocks is None:
+            cap = _CAP_NONE
+        elif type(max_hit_blocks) is int:
+            cap = max_hit_blocks
+        else:
+            cap = _int(max_hit_blocks, "max_hit_blocks")
         if tokens is None:
             tokens_in, has_tokens = _NO_TOKENS, False
         elif type(tokens) is np.ndarray and tokens.dtype == _INT64 and tokens.ndim == 1:
@@ -151,11 +157,15 @@ class OneRequestCalls:
             if tokens is None:
                 raise ValueError("admit_one needs tokens or a length")
             length = tokens_in.shape[0]
-        length = _int(length, "length")
-        if keys is not None and self._block_keys:
+        elif type(length) is not int:
+            length = _int(length, "length")
+        keyed = self._block_keys
+        if keys is not None and keyed:
+            # Identity, not equality, of the dtype: numpy keeps one uint64 descriptor, and `==`
+            # costs a tenth of the call; any other array takes key_array's full conversion.
             if not (
                 type(keys) is np.ndarray
-                and keys.dtype == _UINT64
+                and keys.dtype is _UINT64
                 and keys.ndim == 2
                 and keys.shape[1] == 4
                 and keys.flags.c_contiguous
@@ -163,14 +173,15 @@ class OneRequestCalls:
                 keys = key_array(keys)
         if self._pool is None and cap >= 0 and 1 <= length <= self._max_seq_len:
             r = None
-            if self._block_keys and not has_tokens:
+            if keyed and not has_tokens:
                 r = self._k_admit_one_keys(
                     length, salt, _NO_KEYS if keys is None else keys, cap, *self._args
                 )
-            elif not self._block_keys and keys is None and length == tokens_in.shape[0]:
+            elif not keyed and keys is None and length == tokens_in.shape[0]:
                 r = self._k_admit_one(tokens_in, salt, cap, *self._args)
             if r is not None and r[0] == 0:
-                self._after_fast_commit(r)
+                if self._event_chunks is not None or self._on_evict is not None:
+                    self._after_fast_commit(r)
                 return r[4], r[5]
         # The keys are the first K full blocks, as on the fast path (the batched default
         # would be every full block): a prompt that does not fit is PoolExhausted.
