@@ -681,33 +681,16 @@ def test_tokens_none_with_keys_still_validates_lengths(make):
 
 
 # ---------------------------------------------------------------------- one-request calls
-# The kernels' one-request forms (``admit_one``, ``lookup_one``) against the model's batched
-# equivalents: the prompt's keys are its first ``len(keys)`` full blocks.
+# The one-request forms (``admit_one``, ``lookup_one``): the prompt's keys are its first
+# ``len(keys)`` full blocks. The model answers them with its batched calls.
 def admit_one(mgr, tokens=None, *, length=None, salt=0, keys=None, max_hit_blocks=None):
-    if hasattr(mgr, "admit_one"):
-        return mgr.admit_one(
-            tokens, length=length, salt=salt, keys=keys, max_hit_blocks=max_hit_blocks
-        )
-    length = len(tokens) if length is None else length
-    kw = {} if keys is None else dict(keys=keys, key_counts=[len(keys)])
-    r = mgr.admit(tokens, [length], salts=[salt], max_hit_blocks=max_hit_blocks, **kw)
-    return int(r.ids[0]), int(r.num_cached_tokens[0])
+    return mgr.admit_one(tokens, length=length, salt=salt, keys=keys, max_hit_blocks=max_hit_blocks)
 
 
 def lookup_one(mgr, *, length, salt=0, keys, max_hit_blocks=None) -> list[int]:
-    if hasattr(mgr, "lookup_one"):
-        return mgr.lookup_one(
-            length=length, salt=salt, keys=keys, max_hit_blocks=max_hit_blocks
-        ).tolist()
-    r = mgr.lookup(
-        None,
-        [length],
-        salts=[salt],
-        keys=keys,
-        key_counts=[len(keys)],
-        max_hit_blocks=max_hit_blocks,
-    )
-    return [b for b in r.block_ids[0].tolist() if b >= 0]
+    return mgr.lookup_one(
+        length=length, salt=salt, keys=keys, max_hit_blocks=max_hit_blocks
+    ).tolist()
 
 
 def test_admit_one_and_lookup_one_with_fewer_keys_than_blocks(make):

@@ -88,7 +88,7 @@ def prompt_hits(v, p, prompt, row, length, salt, has_tokens, key_rows, caps, hit
         return found, cached, limit
     keys, key_counts = key_rows
     limit = min(limit, key_counts[p])
-    found, cached = lookup_keys(v, keys, row, limit, salt, prompt, has_tokens, limit, hits)
+    found, cached = lookup_keys(v, keys, row, salt, prompt, has_tokens, limit, hits)
     return found, cached, limit
 
 

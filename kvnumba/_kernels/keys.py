@@ -77,12 +77,12 @@ def table_find_key(v, h, salt, keys, row, probe, has_probe):
 
 
 @out_of_line
-def lookup_keys(v, keys, row, count, salt, prompt, has_tokens, limit, hits):
+def lookup_keys(v, keys, row, salt, prompt, has_tokens, limit, hits):
     """Registered blocks matching the prompt's leading keys, in order, into ``hits``.
 
-    ``keys[row : row + count]`` are the prompt's keys; at most ``limit`` blocks are looked up
-    (the last prompt token is always computed, and the caller's cap); the walk stops at the
-    first miss. ``prompt`` holds the prompt's tokens when ``has_tokens``. Returns (hits, hits
+    The prompt's keys start at ``keys[row]``; ``limit`` blocks are looked up at most (its
+    keys, the last prompt token, which is always computed, and the caller's cap: see
+    ``prompt_hits``); the walk stops at the first miss. ``prompt`` holds the prompt's tokens when ``has_tokens``. Returns (hits, hits
     at refcount 0). Once per prompt, out of line.
     """
     if v.meta[M_PREFIX_CACHING] == 0:
@@ -90,7 +90,7 @@ def lookup_keys(v, keys, row, count, salt, prompt, has_tokens, limit, hits):
     block_size = v.tokens.shape[1]
     num_hits = 0
     num_cached = 0
-    for pos in range(min(count, limit)):
+    for pos in range(limit):
         probe = prompt[pos * block_size : (pos + 1) * block_size] if has_tokens else prompt[:0]
         h = key_hash(keys, row + pos, v.meta[M_HASH_BITS])
         b = table_find_key(v, h, salt, keys, row + pos, probe, has_tokens)
