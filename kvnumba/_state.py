@@ -22,6 +22,9 @@ EMPTY = -1  # empty slot of the prefix hash table; values <= -2 mark entries of 
 F_KNOWN = 1  # every token written to the block came with an id
 F_HASHED = 2  # the block is full and has a chained hash (children may chain onto it)
 F_REGISTERED = 4  # the block is the registered entry for its hash in the prefix table
+# A truncation cut into the block while it was shared: a holder's tail may end inside content
+# (and a registration) that is not its own, so an append into it in place first reclaims it.
+F_TRIMMED = 8
 
 # --- meta slots (int64) ---------------------------------------------------------------------------
 M_FREE_TOP = 0  # number of blocks on the free stack
@@ -109,7 +112,12 @@ STATE_FIELDS = (
     ),
     Field("block_hash", np.uint64, ("blocks",), "Chained content hash of a full, hashed block."),
     Field("block_salt", np.int64, ("blocks",), "Salt of the sequence that filled the block."),
-    Field("block_flags", np.uint8, ("blocks",), "``F_KNOWN | F_HASHED | F_REGISTERED`` bits."),
+    Field(
+        "block_flags",
+        np.uint8,
+        ("blocks",),
+        "``F_KNOWN | F_HASHED | F_REGISTERED | F_TRIMMED`` bits.",
+    ),
     Field("tokens", np.int64, ("blocks", "block_size"), "Token payload; -1 where no id is known."),
     Field(
         "block_key",
@@ -128,12 +136,6 @@ STATE_FIELDS = (
     Field("seq_gen", np.int64, ("seqs",), "Generation of the slot's current or last occupant."),
     Field("seq_salt", np.int64, ("seqs",), "Prefix-cache salt of every slot."),
     Field("seq_live", np.uint8, ("seqs",), "1 while the slot holds a live sequence."),
-    Field(
-        "seq_pin",
-        np.int32,
-        ("seqs",),
-        "Shared tail block a truncation cut into, held by one extra reference, or -1.",
-    ),
     Field(
         "slot_stack",
         np.int32,
@@ -329,7 +331,6 @@ def new_state(
     state.tokens[:] = -1
     state.htab[:] = EMPTY
     state.seq_table[:] = NIL
-    state.seq_pin[:] = NIL
     state.slot_stack[:] = np.arange(m - 1, -1, -1)
     meta = state.meta
     meta[M_FREE_TOP] = n - r

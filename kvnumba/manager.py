@@ -630,9 +630,10 @@ class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
         :meth:`release`: a registered block reaching refcount 0 is cached, any other freed). A
         block the new end cuts into stays as the partial tail: held by this sequence alone,
         its slots past the end are scrubbed and it is unregistered from the prefix cache;
-        shared, it stays intact for its other holders and this sequence's next append copies
-        it (``docs/design.md``, "Shrinking and engine conveniences"). Nothing grows, so the
-        call never fails for lack of blocks.
+        shared, it stays intact for its other holders. This sequence's next append copies it
+        while it is still shared; once the others let go, that append writes into it in place
+        after the same scrub and unregistering (``docs/design.md``, "Shrinking and engine
+        conveniences"). Nothing grows, so the call never fails for lack of blocks.
 
         Parameters
         ----------

@@ -94,47 +94,69 @@ def test_truncate_to_zero_keeps_the_sequence_live_and_unchanged_lengths_are_no_o
     mgr.check()
 
 
-def test_truncate_into_a_shared_block_pins_it_and_the_next_append_copies_it():
+def test_truncate_into_a_shared_block_keeps_it_and_the_next_append_copies_it():
     mgr = kvnumba.BlockManager(8, 4, max_seqs=4)
     (a,) = mgr.admit(list(range(8)), [8]).ids  # blocks 0 and 1, both full and registered
     (child,) = mgr.fork([a])[0]
     mgr.truncate([child], [6])
     mgr.check()
-    slot = int(child) & 3
-    # Shared: intact (content, registration) for a; the child pins it with one reference.
-    assert mgr.state.seq_pin[slot] == 1
-    assert mgr.ref_count(1) == 3
-    assert mgr.state.tokens[1].tolist() == [4, 5, 6, 7] and 1 in registered(mgr)
-    # Even once a lets go, the child never writes into block 1 in place.
-    mgr.release([a])
-    mgr.check()
+    # Shared: intact (content, registration) for a; no extra reference.
     assert mgr.ref_count(1) == 2
+    assert mgr.state.tokens[1].tolist() == [4, 5, 6, 7] and 1 in registered(mgr)
     result = mgr.append([child], [1], [9])
     mgr.check()
     assert result.cow_src.tolist() == [1]
     (copy,) = result.cow_dst.tolist()
     assert result.slot_mapping.tolist() == [copy * 4 + 2]
-    assert mgr.state.seq_pin[slot] == NIL
     assert kvnumba.Sequence(mgr, int(child)).tokens.tolist() == [0, 1, 2, 3, 4, 5, 9]
-    # The old block lost both references and is cached, still registered with its content.
-    assert mgr.ref_count(1) == 0 and lru(mgr) == [1]
+    assert kvnumba.Sequence(mgr, int(a)).tokens.tolist() == list(range(8))
+    assert mgr.ref_count(1) == 1 and 1 in registered(mgr)
+    mgr.release([a])
+    assert lru(mgr) == [1]  # block 0 is still the child's
     assert mgr.admit(list(range(9)), [9]).num_cached_tokens.tolist() == [8]
     mgr.check()
 
 
-def test_a_pinned_sequence_releases_and_forks_its_pin():
+def test_a_truncated_tail_left_alone_is_reclaimed_in_place_by_the_next_append():
+    mgr = kvnumba.BlockManager(8, 4, max_seqs=4, block_events=True)
+    (a,) = mgr.admit(list(range(8)), [8]).ids
+    (child,) = mgr.fork([a])[0]
+    mgr.truncate([child], [6])
+    mgr.release([a])
+    mgr.check()  # block 1 is the child's alone, still registered with a's content
+    assert mgr.ref_count(1) == 1 and 1 in registered(mgr)
+    assert mgr.state.tokens[1].tolist() == [4, 5, 6, 7]
+    mgr.take_events()
+    result = mgr.append([child], [1], [9])
+    mgr.check()
+    # Written in place: no copy, a's tail scrubbed and the registration dropped (an event).
+    assert result.cow_src.tolist() == [] and result.slot_mapping.tolist() == [1 * 4 + 2]
+    assert mgr.state.tokens[1].tolist() == [4, 5, 9, -1] and 1 not in registered(mgr)
+    events = mgr.take_events()
+    assert events.kind.tolist() == [kvnumba.BlockEvents.REMOVED]
+    assert events.block.tolist() == [1]
+    assert kvnumba.Sequence(mgr, int(child)).tokens.tolist() == [0, 1, 2, 3, 4, 5, 9]
+    assert mgr.admit(list(range(8)), [8]).num_cached_tokens.tolist() == [4]
+    mgr.check()
+
+
+def test_a_truncated_shared_tail_forks_and_releases_with_plain_references():
     mgr = kvnumba.BlockManager(8, 2, max_seqs=8)
     (a,) = mgr.admit([1, 2, 3, 4], [4]).ids
     (b,) = mgr.fork([a])[0]
     mgr.truncate([b], [3])  # cuts into block 1, shared with a
+    assert mgr.ref_count(1) == 2
+    (c,) = mgr.fork([b])[0]
     assert mgr.ref_count(1) == 3
-    (c,) = mgr.fork([b])[0]  # the child shares the pinned tail, so it is pinned too
-    assert mgr.ref_count(1) == 5
     mgr.check()
-    mgr.release([b, c])
-    assert mgr.ref_count(1) == 1
+    result = mgr.append([c], [1], [7])  # still shared: c copies
+    assert result.cow_src.tolist() == [1] and mgr.ref_count(1) == 2
     mgr.check()
     mgr.release([a])
+    result = mgr.append([b], [1], [8])  # b's alone now: in place
+    assert result.cow_src.tolist() == [] and result.slot_mapping.tolist() == [1 * 2 + 1]
+    mgr.check()
+    mgr.release([b, c])
     assert mgr.stats().used == 0
     mgr.check()
 

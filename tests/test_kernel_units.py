@@ -411,7 +411,6 @@ _LOGGED = (
     "seq_gen",
     "seq_salt",
     "seq_live",
-    "seq_pin",
     "page_phys",
     "page_free",
     "page_used",

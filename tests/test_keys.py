@@ -545,7 +545,7 @@ def test_truncate_into_a_shared_keyed_block_keeps_it_registered(make):
     (a,) = mgr.admit([1, 2, 3, 4], [4], keys=K(1, 2)).ids
     (c,) = mgr.fork([a])[0]
     events(mgr)
-    mgr.truncate([c], [3])  # block 1 is shared: pinned, intact and registered
+    mgr.truncate([c], [3])  # block 1 is shared: intact and registered
     assert events(mgr) == []
     assert hits(mgr, [1, 2, 3, 4, 5], [5], keys=K(1, 2)) == [4]
     mgr.check()

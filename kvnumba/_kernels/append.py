@@ -1,18 +1,18 @@
 """Growing sequences: partial-tail filling, copy-on-write of a shared partial tail, new blocks."""
 
 import numpy as np
-from numba import int32, int64, void
 
-from kvnumba._kernels.blocks import drop_ref, hand_out, register_full_block, take_block
+from kvnumba._kernels.blocks import hand_out, reclaim_tail, register_full_block, take_block
 from kvnumba._kernels.geometry import blocks_of, div_block, mod_block
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import log_write, set_logged
-from kvnumba._kernels.views import VIEWS, views
+from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
 from kvnumba._state import (
     F_KNOWN,
+    F_TRIMMED,
     FIELD,
     M_ALLOCATIONS,
     M_CACHED,
@@ -20,7 +20,6 @@ from kvnumba._state import (
     M_FREE_TOP,
     M_MAX_SEQ_LEN,
     M_USED,
-    NIL,
     S_EV_N,
     S_EV_PAYLOAD,
     S_EVT_N,
@@ -72,22 +71,10 @@ def copy_on_write(v, slot, pos):
         set_logged(v, v.block_flags, FIELD.block_flags, copy, 0)
     log_write(v, FIELD.seq_table, slot * v.seq_table.shape[1] + pos, tail)
     v.seq_table[slot, pos] = copy
-    if v.seq_pin[slot] == tail:
-        _unpin_copied_tail(v, slot, tail)
-    else:
-        set_logged(v, v.ref, FIELD.ref, tail, v.ref[tail] - 1)
+    # The other holders keep the block, so its count stays >= 1: no release path here.
+    set_logged(v, v.ref, FIELD.ref, tail, v.ref[tail] - 1)
     v.meta[M_COW_COPIES] += 1
     return copy
-
-
-@out_of_line(void(VIEWS, int64, int32))
-def _unpin_copied_tail(v, slot, tail):
-    """The copy of a tail a truncation pinned (``truncate``) ends the pin's extra reference
-    too, so the old block may lose its last reference. Rare, so out of line: the common copy
-    only decrements a count that stays >= 1."""
-    set_logged(v, v.seq_pin, FIELD.seq_pin, slot, NIL)
-    set_logged(v, v.ref, FIELD.ref, tail, v.ref[tail] - 1)
-    drop_ref(v, tail)
 
 
 @inlined
@@ -148,6 +135,10 @@ def append_tokens(
                 block_flags[b] = 0  # take_block logged the flags it replaced
         else:
             b = seq_table[slot, pos]
+            # A tail a truncation cut while it was shared, now this sequence's alone (a
+            # shared one was copied above): its content past the fill is not this sequence's.
+            if block_flags[b] & F_TRIMMED:
+                reclaim_tail(v, b, offset)
             if not has_tokens and block_flags[b] & F_KNOWN:
                 set_logged(v, block_flags, FIELD.block_flags, b, block_flags[b] ^ F_KNOWN)
         n = min(count - done, block_size - offset)
@@ -208,7 +199,7 @@ def append_in_block(v, slot, count, src, src_offset, has_tokens, slot_mapping, o
         v.seq_table[slot, pos] = b
     else:
         b = v.seq_table[slot, pos]
-        if v.ref[b] > 1:
+        if v.ref[b] > 1 or v.block_flags[b] & F_TRIMMED:
             return False
         if not has_tokens and v.block_flags[b] & F_KNOWN:
             v.block_flags[b] = v.block_flags[b] ^ F_KNOWN
@@ -285,12 +276,11 @@ def total_need(v, slots, counts, dropped):
         if counts[i] > 0 and mod_block(length, block_size) != 0:
             tail = seq_table[slot, div_block(length, block_size)]
             if ref[tail] > 1:
-                # A copy of a pinned tail drops the pin too (``truncate``).
-                ref[tail] -= 2 if v.seq_pin[slot] == tail else 1
+                ref[tail] -= 1
                 dropped[i] = tail
     for i in range(slots.shape[0]):
         if dropped[i] >= 0:
-            ref[dropped[i]] += 2 if v.seq_pin[slots[i]] == dropped[i] else 1
+            ref[dropped[i]] += 1
     return needed
 
 

@@ -20,6 +20,7 @@ from kvnumba._kernels.prefix import (
     table_find,
     table_insert,
     table_mark_evicted,
+    table_remove,
 )
 from kvnumba._kernels.undo import U_TOKROW, log_write, set_logged
 from kvnumba._kernels.views import VIEWS
@@ -205,6 +206,25 @@ def register_full_block(v, b, parent_block, salt):
         table_insert(v, b, h)
         note_event(v, EVENT_STORED, b)
     set_logged(v, flags, FIELD.block_flags, b, new_flags)
+
+
+@out_of_line(void(VIEWS, int64, int64))
+def reclaim_tail(v, b, fill):
+    """Make block ``b`` the unshared partial tail of the one sequence holding its first
+    ``fill`` tokens: slots past ``fill`` scrubbed to -1, hash and registration dropped (the
+    table entry deleted at once, with its removal event). The known-content flag stays: a
+    block once marked unknown is never hashed again.
+
+    For ``truncate`` cutting into a block it holds alone, and for the first in-place append
+    into a tail that a truncation cut while it was shared (``F_TRIMMED``). Neither call is
+    ever rolled back, so nothing is logged. Rare, so out of line.
+    """
+    for j in range(fill, v.tokens.shape[1]):
+        v.tokens[b, j] = -1
+    flags = v.block_flags[b]
+    if flags & F_REGISTERED:
+        table_remove(v, b)
+    v.block_flags[b] = flags & F_KNOWN
 
 
 @inlined

@@ -18,6 +18,7 @@ from kvnumba._state import (
     F_HASHED,
     F_KNOWN,
     F_REGISTERED,
+    F_TRIMMED,
     FIELD,
     H_DIM0,
     M_BUCKET_MIN,
@@ -75,7 +76,6 @@ C_BUCKET_COUNT = 27
 C_CACHE_ONLY = 28
 C_CACHE_ONLY_COUNT = 29
 C_RESERVED = 30
-C_PIN = 31
 
 MESSAGES = {
     C_BAD_LENGTH: "sequence slot {a}: length {b} is negative or beyond max_seq_len",
@@ -111,7 +111,6 @@ MESSAGES = {
     "older stamp than its predecessor",
     C_CACHE_ONLY_COUNT: "cache-only list holds {a} pages but {b} mapped pages have no referenced block",
     C_RESERVED: "reserved block {a} is referenced, flagged, listed or has a payload",
-    C_PIN: "sequence slot {a}: pin {b} is not the partial tail block of the sequence",
 }
 
 
@@ -253,7 +252,6 @@ def check_state(arena, scratch, pool, counts, seen, marks):
     block_hash, block_salt, block_flags = st.block_hash, st.block_salt, st.block_flags
     tokens, htab = st.tokens, st.htab
     seq_table, seq_len, seq_salt, seq_live = st.seq_table, st.seq_len, st.seq_salt, st.seq_live
-    seq_pin = st.seq_pin
     slot_stack, meta = st.slot_stack, st.meta
     num_blocks, block_size = tokens.shape
     max_seqs, width = seq_table.shape
@@ -264,7 +262,7 @@ def check_state(arena, scratch, pool, counts, seen, marks):
     for s in range(max_seqs):
         length = seq_len[s]
         if seq_live[s] == 0:
-            if length != 0 or seq_pin[s] != NIL:
+            if length != 0:
                 return C_FREE_SLOT_NOT_EMPTY, s, 0
             for pos in range(width):
                 if seq_table[s, pos] != NIL:
@@ -274,12 +272,6 @@ def check_state(arena, scratch, pool, counts, seen, marks):
         if length < 0 or length > meta[M_MAX_SEQ_LEN]:
             return C_BAD_LENGTH, s, length
         nblocks = blocks_of(length, block_size)
-        pin = seq_pin[s]
-        if pin != NIL:
-            # A truncation's extra reference on the shared block it cut into (the tail).
-            if length % block_size == 0 or pin != seq_table[s, nblocks - 1]:
-                return C_PIN, s, pin
-            counted[pin] += 1
         for pos in range(width):
             b = seq_table[s, pos]
             if pos < nblocks:
@@ -289,10 +281,10 @@ def check_state(arena, scratch, pool, counts, seen, marks):
             elif b != NIL:
                 return C_TABLE_PAST_END, s, pos
         fill = length % block_size
-        # A pinned tail is another holder's block too: its content past this sequence's end
-        # and its hash are theirs, and this sequence never writes into it.
-        if fill != 0 and pin == NIL:
-            tail = seq_table[s, nblocks - 1]
+        # A tail a truncation cut while it was shared (F_TRIMMED) may end inside content and a
+        # hash that are another holder's, or were: the next append into it reclaims it.
+        tail = seq_table[s, nblocks - 1] if fill != 0 else NIL
+        if tail != NIL and not block_flags[tail] & F_TRIMMED:
             if block_flags[tail] & (F_HASHED | F_REGISTERED):
                 return C_PARTIAL_TAIL, s, tail
             for j in range(fill, block_size):

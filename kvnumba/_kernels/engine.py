@@ -5,15 +5,15 @@ it writes anything, so no undo log is needed (``docs/design.md``, "Shrinking and
 conveniences"). Every worker is compiled once, out of line, and loaded only when first used.
 """
 
-from kvnumba._kernels.blocks import drop_ref, evict_to_free
+from kvnumba._kernels.blocks import drop_ref, evict_to_free, reclaim_tail
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.prefix import table_purge_evicted, table_remove
 from kvnumba._kernels.sequences import resolve_ids
 from kvnumba._kernels.views import views
 from kvnumba._state import (
-    F_KNOWN,
     F_REGISTERED,
+    F_TRIMMED,
     M_CACHED,
     M_LRU_HEAD,
     NIL,
@@ -60,7 +60,7 @@ def run_truncate(ids, new_lens, slots, arena, scratch, pool):
     if status != ST_OK:
         return status, bad
     v = views(arena, scratch, pool)
-    seq_table, seq_len, seq_pin, ref = v.seq_table, v.seq_len, v.seq_pin, v.ref
+    seq_table, seq_len, ref = v.seq_table, v.seq_len, v.ref
     for i in range(ids.shape[0]):
         if new_lens[i] > seq_len[slots[i]]:
             return ST_BAD_NEW_LEN, i
@@ -72,11 +72,6 @@ def run_truncate(ids, new_lens, slots, arena, scratch, pool):
         new = new_lens[i]
         if new == length:
             continue
-        pin = seq_pin[slot]
-        if pin != NIL:
-            # The old pin was on the old tail; the cut below decides afresh.
-            drop_ref(v, pin)
-            seq_pin[slot] = NIL
         keep = blocks_of(new, block_size)
         for pos in range(blocks_of(length, block_size) - 1, keep - 1, -1):
             drop_ref(v, seq_table[slot, pos])
@@ -87,21 +82,13 @@ def run_truncate(ids, new_lens, slots, arena, scratch, pool):
             continue  # cut at a block boundary: no block holds tokens past the new end
         cut = seq_table[slot, keep - 1]
         if ref[cut] == 1:
-            # Held by this sequence alone: its slots past the end are scrubbed and it is
-            # unhashed (a later append writes into it in place). Its known-content flag stays
-            # as it was: a block once marked unknown is never hashed again.
-            for j in range(fill, block_size):
-                v.tokens[cut, j] = -1
-            flags = v.block_flags[cut]
-            if flags & F_REGISTERED:
-                table_remove(v, cut)
-            v.block_flags[cut] = flags & F_KNOWN
+            # Held by this sequence alone: a later append writes into it in place.
+            reclaim_tail(v, cut, fill)
         else:
-            # Shared: the other holders keep its content (and its prefix-cache entry). An
-            # extra reference, the pin, keeps it shared for this sequence, so its next append
-            # copies it (copy-on-write) even after every other holder let go of it.
-            seq_pin[slot] = cut
-            ref[cut] += 1
+            # Shared: the other holders keep its content (and its prefix-cache entry). The
+            # flag sends this sequence's next append to the general path: a copy while the
+            # block is still shared, else a reclaim in place (``reclaim_tail``).
+            v.block_flags[cut] |= F_TRIMMED
     return ST_OK, -1
 
 
@@ -166,7 +153,8 @@ def run_reset_prefix_cache(arena, scratch, pool):
             b = seq_table[s, pos]
             if block_flags[b] & F_REGISTERED:
                 table_remove(v, b)
-            block_flags[b] = 0
+            # A truncated tail keeps its mark: its payload past the fill is still stale.
+            block_flags[b] &= F_TRIMMED
     return ST_OK, 0, count
 
 

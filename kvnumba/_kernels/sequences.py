@@ -125,11 +125,6 @@ def run_release(slots, arena, scratch, pool):
     v.scr[S_FAILED] = 0
     for i in range(slots.shape[0]):
         slot = slots[i]
-        pin = v.seq_pin[slot]
-        if pin != NIL:
-            # The extra reference of a truncation's pin; the table still holds the block.
-            drop_ref(v, pin)
-            v.seq_pin[slot] = NIL
         for pos in range(blocks_of(v.seq_len[slot], block_size) - 1, -1, -1):
             drop_ref(v, seq_table[slot, pos])
             seq_table[slot, pos] = NIL
@@ -159,14 +154,10 @@ def run_fork(slots, children, arena, scratch):
             slot, child = open_slot(v, v.seq_salt[parent])
             children[i, c] = child
             seq_len[slot] = length
-            # A child shares a pinned tail as its parent does, so it is pinned too.
-            v.seq_pin[slot] = v.seq_pin[parent]
             for pos in range(nblocks):
                 seq_table[slot, pos] = seq_table[parent, pos]
         for pos in range(nblocks):
             v.ref[seq_table[parent, pos]] += n
-        if v.seq_pin[parent] != NIL:
-            v.ref[v.seq_pin[parent]] += n
     return ST_OK
 
 

@@ -31,7 +31,7 @@ _STATE = (
     "_table",
     "_len",
     "_salt",
-    "_pin",
+    "_trimmed",
     "_unknown",
     "_slots",
     "_counters",

@@ -33,6 +33,7 @@ class BlocksMixin:
         self._key[block] = None
         self._hash[block] = None
         self._unknown.discard(block)
+        self._trimmed.discard(block)
 
     def _evict(self, block: int) -> None:
         """Forget cached ``block``: off the LRU list and the prefix table, recorded, counted."""

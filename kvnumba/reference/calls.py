@@ -44,9 +44,7 @@ class CallsMixin:
         if n % bs:
             tail = self._table[slot][-1]
             if self._ref[tail] - pending_cow.get(tail, 0) > 1:
-                # A copy of a pinned tail (truncate) drops the pin's reference too.
-                drops = 2 if self._pin[slot] == tail else 1
-                pending_cow[tail] = pending_cow.get(tail, 0) + drops
+                pending_cow[tail] = pending_cow.get(tail, 0) + 1
                 need += 1
         return need
 
@@ -67,12 +65,12 @@ class CallsMixin:
             table[-1] = new
             if old in self._unknown:
                 self._unknown.add(new)
-            if self._pin[slot] == old:  # the copy ends a truncation's pin
-                self._pin[slot] = None
-                self._ref[old] -= 1
             self._drop_ref(old)
             self._counters["cow_copies"] += 1
             cow.append((old, new))
+        elif n % bs and table[-1] in self._trimmed:
+            # Cut by a truncation while shared, now this sequence's alone: written in place.
+            self._reclaim_tail(table[-1], n % bs)
         for i in range(count):
             pos = n + i
             offset = pos % bs

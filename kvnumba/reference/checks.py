@@ -30,16 +30,11 @@ class ChecksMixin:
         for slot in range(self._max_seqs):
             table, length = self._table[slot], self._len[slot]
             if not self._live[slot]:
-                if table or length or self._pin[slot] is not None:
+                if table or length:
                     fail(f"free slot {slot} holds blocks or tokens")
                 continue
             if len(table) != _blocks_for(length, bs) or length > self._max_seq_len:
                 fail(f"slot {slot}: {len(table)} blocks for {length} tokens")
-            pin = self._pin[slot]
-            if pin is not None:
-                if not length % bs or pin != table[-1]:
-                    fail(f"slot {slot}: pin {pin} is not its partial tail block")
-                refs[pin] += 1
             for j, block in enumerate(table):
                 if not 0 <= block < nb:
                     fail(f"slot {slot} references block {block} out of range")
@@ -52,10 +47,14 @@ class ChecksMixin:
                 eligible = chained and self._prefix_caching and full and prev is not None
                 if key is None and eligible and block not in self._unknown:
                     fail(f"block {block} of slot {slot}: full known block without a hash")
-            # A pinned tail is shared: the payload past this sequence's end is the others'.
-            tail = self._tokens[table[-1]] if table else []
-            if length % bs and pin is None and any(t != -1 for t in tail[length % bs :]):
-                fail(f"slot {slot}: payload beyond the sequence end in block {table[-1]}")
+            # A tail a truncation cut while it was shared may end inside another holder's
+            # content (and hash), or a former holder's: the next append reclaims it.
+            if length % bs and table[-1] not in self._trimmed:
+                tail = table[-1]
+                if any(t != -1 for t in self._tokens[tail][length % bs :]):
+                    fail(f"slot {slot}: payload beyond the sequence end in block {tail}")
+                if self._key[tail] is not None:
+                    fail(f"slot {slot}: partial tail block {tail} has a hash")
         for block in range(nb):
             if refs[block] != self._ref[block]:
                 fail(f"block {block}: refcount {self._ref[block]}, {refs[block]} references")

@@ -12,15 +12,16 @@ from kvnumba.results import BlockEvents
 
 class EngineMixin:
     """``truncate``, ``evict`` and ``reset_prefix_cache`` of :class:`ReferenceBlockManager`
-    (through the block, prefix and page helpers of the other mixins; ``_pin``, ``_unknown``)."""
+    (through the block, prefix and page helpers of the other mixins; ``_trimmed``, ``_unknown``)."""
 
     def truncate(self, ids, new_lens) -> None:
         """Shorten each sequence ``ids[i]`` to its first ``new_lens[i]`` tokens.
 
         Whole blocks past the new end drop one reference each, tail first (as
         :meth:`release`). A block the new end cuts into stays: held by this sequence alone
-        it is scrubbed past the end and unhashed; shared, it is pinned (one extra
-        reference), so that this sequence's next append copies it.
+        it is scrubbed past the end and unhashed; shared, it stays intact for the other
+        holders, and this sequence's next append copies it while it is still shared, or
+        reclaims it (scrubbed past the end, unhashed) once it holds it alone.
 
         Parameters
         ----------
@@ -51,9 +52,6 @@ class EngineMixin:
         for slot, new in zip(slots, new_lens, strict=True):
             if new == self._len[slot]:
                 continue
-            if self._pin[slot] is not None:
-                self._drop_ref(self._pin[slot])
-                self._pin[slot] = None
             keep = _blocks_for(new, bs)
             table = self._table[slot]
             while len(table) > keep:
@@ -64,12 +62,20 @@ class EngineMixin:
                 continue
             cut = table[-1]
             if self._ref[cut] == 1:
-                self._tokens[cut] = self._tokens[cut][:fill] + [-1] * (bs - fill)
-                self._unhash(cut)
+                self._reclaim_tail(cut, fill)
             else:
-                self._pin[slot] = cut
-                self._ref[cut] += 1
+                # The other holders keep it intact; this sequence's next append copies it
+                # while it is shared, or reclaims it once it is this sequence's alone.
+                self._trimmed.add(cut)
         self._commit_call()
+
+    def _reclaim_tail(self, block: int, fill: int) -> None:
+        """Make ``block`` the unshared partial tail of the one sequence holding its first
+        ``fill`` tokens: payload past ``fill`` scrubbed, key and registration forgotten."""
+        bs = self._block_size
+        self._tokens[block] = self._tokens[block][:fill] + [-1] * (bs - fill)
+        self._unhash(block)
+        self._trimmed.discard(block)
 
     def _unhash(self, block: int) -> None:
         """Forget ``block``'s key (and its registration, if it is the registered one)."""

@@ -333,6 +333,6 @@ class KeysMixin:
                     continue
                 if key[0] != self._salt[slot]:
                     fail(f"block {block} of slot {slot}: key salt {key[0]} is not the sequence's")
-                # Keys name full blocks; only a pinned (truncated, shared) tail may be cut.
-                if (j + 1) * bs > self._len[slot] and self._pin[slot] != block:
+                # Keys name full blocks; only a tail a truncation cut while shared may be cut.
+                if (j + 1) * bs > self._len[slot] and block not in self._trimmed:
                     fail(f"block {block} of slot {slot}: keyed but not full")

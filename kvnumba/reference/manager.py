@@ -167,6 +167,9 @@ class ReferenceBlockManager(
         # Blocks whose content counts as unknown (a token appended without an id, or
         # reset_prefix_cache): never hashed when they fill (the kernels' cleared F_KNOWN).
         self._unknown: set[int] = set()
+        # Blocks a truncation cut into while they were shared (the kernels' F_TRIMMED): a
+        # holder's partial tail may end inside content and a hash that are not its own.
+        self._trimmed: set[int] = set()
 
         # Page state (see the package notes); without a pool it stays empty and unused.
         self._pool = page_pool
@@ -190,8 +193,6 @@ class ReferenceBlockManager(
         self._table: list[list[int]] = [[] for _ in range(max_seqs)]
         self._len = [0] * max_seqs
         self._salt = [0] * max_seqs
-        # The shared block a truncation cut into, held by one extra reference (or None).
-        self._pin: list[int | None] = [None] * max_seqs
         self._slots = list(range(max_seqs - 1, -1, -1))  # pops 0, 1, 2, ...
 
         self._counters = dict.fromkeys(_COUNTERS, 0)
@@ -263,7 +264,6 @@ class ReferenceBlockManager(
         self._table[slot] = []  # a new list object (keeps admit snapshots valid)
         self._len[slot] = 0
         self._salt[slot] = salt
-        self._pin[slot] = None
         return slot
 
     def _seq_id(self, slot: int) -> int:
@@ -359,10 +359,6 @@ class ReferenceBlockManager(
                 self._len[child] = self._len[parent]
                 for block in self._table[parent]:
                     self._ref[block] += 1
-                # A child shares a pinned tail as its parent does, so it is pinned too.
-                self._pin[child] = self._pin[parent]
-                if self._pin[parent] is not None:
-                    self._ref[self._pin[parent]] += 1
                 children[i, c] = self._seq_id(child)
         return children
 
@@ -384,9 +380,6 @@ class ReferenceBlockManager(
         slots = self._resolve_all(ids, unique=True)
         self._begin_call()
         for slot in slots:
-            if self._pin[slot] is not None:  # a truncation's extra reference on the tail
-                self._drop_ref(self._pin[slot])
-                self._pin[slot] = None
             for block in reversed(self._table[slot]):
                 self._drop_ref(block)
             self._live[slot] = False
