@@ -35,6 +35,7 @@ SIGNATURES = {
     "k_block_tables": (_VEC,),
     "k_seq_lens": (_VEC,),
     "k_check": (),
+    "k_rollback": (),
     # Engine conveniences: compiled on first use only (never by the quick start).
     "k_truncate": (_VEC, _VEC),
     "k_evict": (_VEC,),
@@ -58,7 +59,7 @@ SIGNATURES = {
     "k_release_paged": (_VEC,),
     "k_give_up": (_INT, _BOOL),
     "k_commit_give_up": (),
-    "k_rollback_give_up": (),
+    "k_rollback_paged": (),
     "k_check_paged": (),
     "k_truncate_paged": (_VEC, _VEC),
     "k_evict_paged": (_VEC,),

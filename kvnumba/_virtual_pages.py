@@ -232,7 +232,7 @@ class PagedCalls:
 
     def _rollback_give_up(self) -> None:
         """Undo a logged give-up: the pages are this manager's again, byte for byte."""
-        self._k_rollback_give_up(*self._pargs)
+        self._k_rollback(*self._pargs)
 
     def _ensure_records(self, evictions: int, logged_pages: int = 0) -> None:
         """Grow the scratch so that a give-up evicting ``evictions`` blocks fits."""

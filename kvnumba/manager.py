@@ -38,6 +38,7 @@ from kvnumba._state import (
     S_EV_N,
     S_EV_PAYLOAD,
     S_FAILED,
+    S_LOG_ON,
     SCRATCH_FIELDS,
     STATE_FIELDS,
     State,
@@ -825,7 +826,11 @@ class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
             while True:
                 if result is None:
                     result = kernel(*args, *(self._args if self._pool is None else self._pargs))
-                if result[STATUS] != E.ST_NEED_BUFFERS or grow is None:
+                status = result[STATUS]
+                if status and self._scr[S_LOG_ON]:
+                    # A logged call that failed leaves its undo to the facade (k_rollback).
+                    self._k_rollback(*(self._args if self._pool is None else self._pargs))
+                if status != E.ST_NEED_BUFFERS or grow is None:
                     return result
                 grow(result)
                 result = None

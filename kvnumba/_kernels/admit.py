@@ -8,7 +8,6 @@ from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.keys import lookup_keys, register_key
 from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
-from kvnumba._kernels.rollback import rollback
 from kvnumba._kernels.sequences import open_slot
 from kvnumba._kernels.undo import log_write, undo_log_rows_kernel
 from kvnumba._kernels.views import views
@@ -30,6 +29,7 @@ from kvnumba._state import (
     S_LOG_N,
     S_LOG_ON,
     S_MAP_N,
+    S_SAVED_PAYLOAD,
     S_SHORT,
     S_UNMAP_N,
 )
@@ -248,8 +248,9 @@ def run_admit(
                 q_row += 0 if key_rows is None else key_rows[1][q]
             scr[S_SHORT] = short
             if logged:
-                rollback(arena, scratch, pool)
-                scr[S_EV_PAYLOAD] = saved_payload_flag
+                # The log stays on: the facade undoes the call (``k_rollback``), so that a
+                # program whose logged calls never fail never compiles the replay.
+                scr[S_SAVED_PAYLOAD] = saved_payload_flag
             for q in range(num_prompts):
                 ids[q] = -1
                 num_cached_tokens[q] = 0

@@ -22,6 +22,7 @@ from kvnumba._kernels.carve import carve
 from kvnumba._kernels.check import check
 from kvnumba._kernels.engine import run_evict, run_reset_prefix_cache, run_truncate
 from kvnumba._kernels.keys import check_key_run, register_key_run, run_set_keys
+from kvnumba._kernels.rollback import undo_failed_call
 from kvnumba._kernels.sequences import (
     fill_lens,
     fill_tables,
@@ -32,7 +33,7 @@ from kvnumba._kernels.sequences import (
     run_release,
     table_width,
 )
-from kvnumba._kernels.trim import commit_give_up, rollback_give_up, run_give_up
+from kvnumba._kernels.trim import commit_give_up, run_give_up
 from kvnumba._kernels.views import block_size_of, scratch_slots
 from kvnumba.errors import ST_OK
 
@@ -336,9 +337,15 @@ def k_commit_give_up(arena, scratch, pool):
 
 
 @njit(cache=True)
-def k_rollback_give_up(arena, scratch, pool):
-    """Roll a logged give-up back."""
-    rollback_give_up(arena, scratch, pool)
+def k_rollback(arena, scratch):
+    """Undo a failed logged call (the status says it failed, ``S_LOG_ON`` that it logged)."""
+    undo_failed_call(arena, scratch, scratch)
+
+
+@njit(cache=True)
+def k_rollback_paged(arena, scratch, pool):
+    """``k_rollback`` on a page pool; also rolls a logged give-up back."""
+    undo_failed_call(arena, scratch, pool)
 
 
 @njit(cache=True)

@@ -17,10 +17,12 @@ from kvnumba._state import (
     H_OFFSET,
     M_CLIENT,
     S_EV_N,
+    S_EV_PAYLOAD,
     S_EVT_N,
     S_LOG_N,
     S_LOG_ON,
     S_MAP_N,
+    S_SAVED_PAYLOAD,
     S_UNMAP_N,
 )
 
@@ -78,3 +80,17 @@ def rollback(arena, scratch, pool):
     scr[S_EVT_N] = 0
     scr[S_MAP_N] = 0
     scr[S_UNMAP_N] = 0
+
+
+@out_of_line
+def undo_failed_call(arena, scratch, pool):
+    """End a logged call that failed (an atomic ``admit`` of several prompts) or a give-up
+    that is taken back: the log replayed (:func:`rollback`), and the payload switch as it was
+    before the call (``S_SAVED_PAYLOAD``).
+
+    Its own entry kernel (``k_rollback``), called by the facade, not by the failing worker:
+    the quick start never fails a logged call, so it never compiles the replay.
+    """
+    rollback(arena, scratch, pool)
+    scr = views(arena, scratch, pool).scr
+    scr[S_EV_PAYLOAD] = scr[S_SAVED_PAYLOAD]

@@ -4,14 +4,13 @@ A cache-only page holds cached blocks and free blocks but no referenced block. G
 evicts its cached blocks (in ascending id, each exactly like an eviction for allocation) and
 unmaps it. ``trim`` commits at once; a sibling giving pages to a failing call keeps its undo
 log open until that call has either committed (``commit_give_up``) or failed
-(``rollback_give_up``).
+(``rollback.undo_failed_call``: the pages are mapped again and their blocks cached as before).
 """
 
 from kvnumba._kernels.blocks import evict_block
 from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.links import cache_only_unlink
 from kvnumba._kernels.prefix import table_purge_evicted
-from kvnumba._kernels.rollback import rollback
 from kvnumba._kernels.undo import set_logged
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import unmap_page
@@ -75,12 +74,4 @@ def commit_give_up(arena, scratch, pool):
     if scr[S_EV_N] > 0:
         table_purge_evicted(views(arena, scratch, pool))
     scr[S_LOG_ON] = 0
-    scr[S_EV_PAYLOAD] = scr[S_SAVED_PAYLOAD]
-
-
-@out_of_line
-def rollback_give_up(arena, scratch, pool):
-    """Undo a logged give-up: the pages are mapped again and their blocks cached as before."""
-    rollback(arena, scratch, pool)
-    scr = views(arena, scratch, pool).scr
     scr[S_EV_PAYLOAD] = scr[S_SAVED_PAYLOAD]
