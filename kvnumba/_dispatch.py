@@ -24,6 +24,9 @@ _ARENA = types.Array(types.uint8, 1, "C")
 _INT = types.int64
 _BOOL = types.boolean
 _KEYS = types.Array(types.uint64, 2, "C")
+# admit_one's keys: any strides, so that the facade needs no contiguity test (the kernel
+# checks the row width itself).
+_ANY_KEYS = types.Array(types.uint64, 2, "A")
 
 SIGNATURES = {
     "k_new_sequences": (_INT,),
@@ -50,7 +53,7 @@ SIGNATURES = {
     "k_append_one": (_INT, _INT),
     "k_append_one_keys": (_INT, _INT, _INT, _KEYS),
     "k_admit_one": (_VEC, _INT, _INT),
-    "k_admit_one_keys": (_INT, _INT, _KEYS, _INT),
+    "k_admit_one_keys": (_INT, _INT, _ANY_KEYS, _INT),
     "k_lookup_one_keys": (_INT, _INT, _KEYS, _INT),
     # Managers on a page pool: the pool's arena is a third arena argument.
     "k_append_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _INT),

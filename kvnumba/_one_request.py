@@ -148,6 +148,26 @@ class OneRequestCalls:
         PoolExhausted, SequenceTooLong, TooManySequences, ValueError, TypeError
             As ``admit``; nothing is changed by a failed call.
         """
+        # An engine's common call first, with the fewest tests: keys of the documented type
+        # and plain ints. The kernel takes any strides and checks the row width; numba's
+        # unboxing checks neither dtype nor rank, so those are tested here.
+        if (
+            tokens is None
+            and self._keyed_fast
+            and type(keys) is np.ndarray
+            and keys.dtype is _UINT64
+            and keys.ndim == 2
+            and type(length) is int
+            and 1 <= length <= self._max_seq_len
+            and type(salt) is int
+        ):
+            cap = _CAP_NONE if max_hit_blocks is None else max_hit_blocks
+            if type(cap) is int and cap >= 0:
+                r = self._k_admit_one_keys(length, salt, keys, cap, *self._args)
+                if r[0] == 0:
+                    if self._event_chunks is not None or self._on_evict is not None:
+                        self._after_fast_commit(r)
+                    return r[1], r[2]
         if type(salt) is not int:
             salt = _int(salt, "salt")
         if max_hit_blocks is None:
@@ -182,7 +202,7 @@ class OneRequestCalls:
             if r is not None and r[0] == 0:
                 if self._event_chunks is not None or self._on_evict is not None:
                     self._after_fast_commit(r)
-                return r[4], r[5]
+                return r[1], r[2]
         # The keys are the first K full blocks, as on the fast path (the batched default
         # would be every full block): a prompt that does not fit is PoolExhausted.
         keyed = keys is not None and self._block_keys

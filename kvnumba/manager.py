@@ -250,6 +250,8 @@ class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
         self._failed_calls = 0
         _bind_kernels(self, page_pool is not None)
         self._attach_pool(page_pool)
+        # admit_one's keyed fast path (engine keys, no page pool), tested once per call.
+        self._keyed_fast = self._block_keys and page_pool is None
 
     @staticmethod
     def _check_state_bytes(

@@ -172,6 +172,30 @@ def test_admit_one_failure_changes_nothing():
         plain.admit_one(None, length=4)
 
 
+def test_admit_one_takes_strided_keys_and_refuses_keys_of_another_shape():
+    # The keyed fast path passes any strides to the kernel, which checks the row width.
+    wide = np.zeros((8, 8), dtype=np.uint64)
+    wide[:, ::2] = KEYS[:8]
+    (a, b), _ = _twins(block_keys=True)
+    for length in (9, 13, 13):
+        got = a.admit_one(None, length=length, keys=wide[: length // 4, ::2])
+        want = b.admit_one(None, length=length, keys=KEYS[: length // 4].copy())
+        assert _untagged(got) == _untagged(want)
+    _same_state(a, b)
+    before = a.snapshot()
+    for bad, error in [
+        (KEYS[:2, :3], ValueError),  # three words per key
+        (wide[:2, :6:2], ValueError),  # three words per key, strided
+        (KEYS[0], ValueError),  # one-dimensional
+        (KEYS[:2].astype(np.float64), TypeError),
+    ]:
+        with pytest.raises(error):
+            a.admit_one(None, length=9, keys=bad)
+    for x, y in zip(before, a.snapshot(), strict=True):
+        assert np.array_equal(x, y)
+    a.check()
+
+
 def test_table_row_is_a_live_read_only_view():
     m = kvnumba.BlockManager(16, 4, max_seqs=4, max_seq_len=32)
     seq, _ = m.admit_one(np.arange(5))

@@ -35,7 +35,7 @@ from kvnumba._kernels.sequences import (
 )
 from kvnumba._kernels.trim import commit_give_up, run_give_up
 from kvnumba._kernels.views import block_size_of, scratch_slots
-from kvnumba.errors import ST_OK
+from kvnumba.errors import ST_BAD_KEY_COUNT, ST_OK
 
 #: Positions of the outcome of a state-changing entry kernel (a tuple: boxing a named tuple
 #: would cost the hot path).
@@ -430,51 +430,62 @@ def k_append_one_keys(seq_id, count, key_start, keys, arena, scratch):
 
 
 @njit(cache=True, inline="always")
-def _admit_one(tokens_in, length, salt, has_tokens, key_rows, cap, arena, scratch):
-    # The facade passes 1 <= length <= max_seq_len. Every array of the call is carved out of
-    # one allocation (ten small allocations were about a third of the call).
+def _one_prompt_buffer(length, arena):
+    """One allocation for every array of a one-prompt admit (ten small allocations were about
+    a third of the call); ``_admit_one`` carves it, the key count goes to bytes 40-47."""
     block_size = block_size_of(arena)
     blocks = (length + block_size - 1) // block_size
-    buffer = np.empty(8 * (8 + blocks + length), dtype=np.uint8)
+    return np.empty(8 * (8 + blocks + length), dtype=np.uint8)
+
+
+@njit(cache=True, inline="always")
+def _admit_one(buffer, tokens_in, length, salt, has_tokens, key_rows, cap, arena, scratch):
+    # The facade passes 1 <= length <= max_seq_len. Only what the facade uses comes back: a
+    # failure is redone by the batched call, which reports it.
+    block_size = block_size_of(arena)
+    blocks = (length + block_size - 1) // block_size
     lengths = carve(buffer, 0, (1,), np.int64)
     salts = carve(buffer, 8, (1,), np.int64)
     caps = carve(buffer, 16, (1,), np.int64)
     ids = carve(buffer, 24, (1,), np.int64)
     cached = carve(buffer, 32, (1,), np.int64)
-    ok = carve(buffer, 40, (1,), np.bool_)
-    no_pairs = carve(buffer, 48, (0,), np.int32)
+    ok = carve(buffer, 48, (1,), np.bool_)
+    no_pairs = carve(buffer, 56, (0,), np.int32)
     hits = carve(buffer, 64, (blocks,), np.int64)
     slot_mapping = carve(buffer, 64 + 8 * blocks, (length,), np.int64)
     lengths[0], salts[0], caps[0], ids[0], cached[0], ok[0] = length, salt, cap, -1, 0, False
-    status, bad, _, bound, _ = validate_admit(
+    status, _, _, bound, _ = validate_admit(
         tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, np.bool_(True)
     )
     if status != ST_OK:
-        return status, bad, 0, 0, -1, 0
-    status, bad, needed, available, _ = run_admit(
+        return status, -1, 0
+    status, _, _, _, _ = run_admit(
         tokens_in, lengths, salts, np.bool_(True), bound, ids, cached, slot_mapping, ok, hits,
         no_pairs, arena, scratch, scratch, has_tokens, key_rows, caps,
     )  # fmt: skip
-    return status, bad, needed, available, ids[0], cached[0]
+    return status, ids[0], cached[0]
 
 
 @njit(cache=True)
 def k_admit_one(tokens_in, salt, cap, arena, scratch):
-    """One prompt with token ids: returns (status, bad, needed, available, id, cached
-    tokens)."""
-    return _admit_one(
-        tokens_in, tokens_in.shape[0], salt, np.bool_(True), None, cap, arena, scratch
-    )
+    """One prompt with token ids: returns (status, id, cached tokens)."""
+    length = tokens_in.shape[0]
+    buffer = _one_prompt_buffer(length, arena)
+    return _admit_one(buffer, tokens_in, length, salt, np.bool_(True), None, cap, arena, scratch)
 
 
 @njit(cache=True)
 def k_admit_one_keys(length, salt, keys, cap, arena, scratch):
     """One prompt with engine keys and no token ids (all of ``keys`` belong to it): returns
-    (status, bad, needed, available, id, cached tokens)."""
-    key_counts = np.full(1, keys.shape[0], dtype=np.int64)
+    (status, id, cached tokens). ``keys`` may be strided; keys not of 4 words are refused."""
+    if keys.shape[1] != 4:
+        return ST_BAD_KEY_COUNT, -1, 0
+    buffer = _one_prompt_buffer(length, arena)
+    key_counts = carve(buffer, 40, (1,), np.int64)
+    key_counts[0] = keys.shape[0]
     return _admit_one(
-        np.empty(0, dtype=np.int64), length, salt, np.bool_(False), (keys, key_counts), cap,
-        arena, scratch,
+        buffer, np.empty(0, dtype=np.int64), length, salt, np.bool_(False), (keys, key_counts),
+        cap, arena, scratch,
     )  # fmt: skip
 
 

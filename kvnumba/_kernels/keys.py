@@ -76,7 +76,7 @@ def table_find_key(v, h, salt, keys, row, probe, has_probe):
     return NIL
 
 
-@out_of_line
+@inlined
 def lookup_keys(v, keys, row, salt, prompt, has_tokens, limit, hits):
     """Registered blocks matching the prompt's leading keys, in order, into ``hits``.
 
