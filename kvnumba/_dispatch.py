@@ -15,6 +15,7 @@ import time
 from numba.core import config, types
 
 from kvnumba._kernels import _cache_dirs, entry
+from kvnumba._kernels.jit import compile_paged_twins
 
 log = logging.getLogger("kvnumba")
 _announced = False
@@ -115,6 +116,8 @@ def compiled(name: str):
     if config.DISABLE_JIT:  # kernels are plain Python functions (coverage runs)
         return dispatcher
     arenas = 3 if name in PAGED else 2
+    if name in PAGED:
+        compile_paged_twins()  # the helpers' versions for a paged manager's views
     signature = (*SIGNATURES[name], *(_ARENA,) * arenas)
     if signature not in dispatcher.overloads and not is_cached(name):
         _announce()

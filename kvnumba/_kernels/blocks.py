@@ -14,6 +14,13 @@ from numba import int64, void
 from kvnumba._kernels.events import EVENT_REMOVED, EVENT_STORED, note_event
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.links import lru_push_tail, lru_unlink
+from kvnumba._kernels.page_calls import (
+    cache_in_page,
+    evicted_to_page,
+    free_in_page,
+    page_gain_ref,
+    take_from_pages,
+)
 from kvnumba._kernels.prefix import (
     chain_hash,
     root_hash,
@@ -24,13 +31,6 @@ from kvnumba._kernels.prefix import (
 )
 from kvnumba._kernels.undo import U_TOKROW, log_write, set_logged
 from kvnumba._kernels.views import VIEWS
-from kvnumba._kernels.virtual_pages import (
-    cache_in_page,
-    evicted_to_page,
-    free_in_page,
-    page_gain_ref,
-    take_from_pages,
-)
 from kvnumba._state import (
     F_HASHED,
     F_KNOWN,

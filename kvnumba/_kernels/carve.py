@@ -43,12 +43,13 @@ def carve_py(arena, offset, shape, dtype):
 
 @intrinsic
 def _carve(typingctx, arena, offset, shape, dtype):
-    # The offset counts bytes: only a 1-D C-contiguous uint8 arena; shapes of machine integers.
+    # The offset counts bytes: only a 1-D uint8 arena; shapes of machine integers. Layout "A"
+    # is a paged kernel's pool arena (``entry.paged``: a step-1 view, contiguous too).
     if not (
         isinstance(arena, types.Array)
         and arena.dtype == types.uint8
         and arena.ndim == 1
-        and arena.layout == "C"
+        and arena.layout in ("C", "A")
         and isinstance(shape, types.UniTuple)
         and isinstance(shape.dtype, types.Integer)
     ):

@@ -11,6 +11,11 @@ by the constants below and read by name in the facade's ``BlockManager._run``: `
 ``PoolExhausted``; record rows for ``ST_NEED_BUFFERS``), then the result fields. Variable-size
 records of a committed call (evictions, pages mapped and unmapped) stay in the scratch arena,
 where the facade reads them for the callbacks.
+
+A kernel of a manager on a page pool (``*_paged``) hands its workers the pool's arena as
+:func:`paged` makes it: a view of another numba type, so that the workers are compiled apart
+for page pools and a manager without one never compiles the page code
+(:mod:`.page_calls`).
 """
 
 import numpy as np
@@ -41,6 +46,13 @@ from kvnumba.errors import ST_BAD_KEY_COUNT, ST_OK
 #: would cost the hot path).
 STATUS, BAD, NEEDED, AVAILABLE = 0, 1, 2, 3
 RESULT = slice(4, 8)
+
+
+@njit(cache=True, inline="always")
+def paged(pool):
+    """The page pool's arena as the workers of a paged kernel take it: the same bytes, typed
+    with any layout (``'A'``) where a plain kernel passes its C-contiguous scratch arena."""
+    return pool[::1]
 
 
 @njit(cache=True)
@@ -96,7 +108,9 @@ def k_append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scr
 @njit(cache=True)
 def k_append_paged(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, pool):
     """``append`` of a manager on the page pool whose arena is ``pool``."""
-    return _append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, pool)
+    return _append(
+        ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, paged(pool)
+    )
 
 
 @njit(cache=True, inline="always")
@@ -115,7 +129,7 @@ def k_can_append(ids, counts, arena, scratch):
 @njit(cache=True)
 def k_can_append_paged(ids, counts, arena, scratch, pool):
     """``can_append`` of a manager on a page pool."""
-    return _append_need(ids, counts, arena, scratch, pool)
+    return _append_need(ids, counts, arena, scratch, paged(pool))
 
 
 @njit(cache=True, inline="always")
@@ -168,7 +182,7 @@ def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
 def k_admit_paged(tokens_in, lengths, salts, atomic, arena, scratch, pool):
     """``admit`` of a manager on a page pool."""
     return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, pool, np.bool_(True), None, None
+        tokens_in, lengths, salts, atomic, arena, scratch, paged(pool), np.bool_(True), None, None
     )
 
 
@@ -184,7 +198,7 @@ def k_admit_capped(tokens_in, lengths, salts, atomic, caps, arena, scratch):
 def k_admit_capped_paged(tokens_in, lengths, salts, atomic, caps, arena, scratch, pool):
     """``admit`` with ``max_hit_blocks`` (token hashes) on a page pool."""
     return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, pool, np.bool_(True), None, caps
+        tokens_in, lengths, salts, atomic, arena, scratch, paged(pool), np.bool_(True), None, caps
     )
 
 
@@ -203,7 +217,7 @@ def k_admit_keys_paged(tokens_in, lengths, salts, atomic, has_tokens, keys, key_
                        arena, scratch, pool):  # fmt: skip
     """``admit`` with engine keys on a page pool."""
     return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, pool, has_tokens,
+        tokens_in, lengths, salts, atomic, arena, scratch, paged(pool), has_tokens,
         (keys, key_counts), caps,
     )  # fmt: skip
 
@@ -274,7 +288,7 @@ def k_release(ids, arena, scratch):
 @njit(cache=True)
 def k_release_paged(ids, arena, scratch, pool):
     """``release`` of a manager on a page pool."""
-    return _release(ids, arena, scratch, pool)
+    return _release(ids, arena, scratch, paged(pool))
 
 
 @njit(cache=True, inline="always")
@@ -293,7 +307,7 @@ def k_truncate(ids, new_lens, arena, scratch):
 @njit(cache=True)
 def k_truncate_paged(ids, new_lens, arena, scratch, pool):
     """``truncate`` of a manager on a page pool (a freed block may unmap its page)."""
-    return _truncate(ids, new_lens, arena, scratch, pool)
+    return _truncate(ids, new_lens, arena, scratch, paged(pool))
 
 
 @njit(cache=True)
@@ -306,7 +320,7 @@ def k_evict(blocks, arena, scratch):
 @njit(cache=True)
 def k_evict_paged(blocks, arena, scratch, pool):
     """``evict`` of a manager on a page pool (an emptied page is unmapped)."""
-    status, bad, rows, count = run_evict(blocks, arena, scratch, pool)
+    status, bad, rows, count = run_evict(blocks, arena, scratch, paged(pool))
     return status, bad, rows, 0, count
 
 
@@ -320,20 +334,20 @@ def k_reset_prefix_cache(arena, scratch):
 @njit(cache=True)
 def k_reset_prefix_cache_paged(arena, scratch, pool):
     """``reset_prefix_cache`` of a manager on a page pool."""
-    status, rows, count = run_reset_prefix_cache(arena, scratch, pool)
+    status, rows, count = run_reset_prefix_cache(arena, scratch, paged(pool))
     return status, -1, rows, 0, count
 
 
 @njit(cache=True)
 def k_give_up(max_pages, logged, arena, scratch, pool):
     """``trim`` (``logged`` False) or a sibling's give-up: returns the pages unmapped."""
-    return run_give_up(max_pages, logged, arena, scratch, pool)
+    return run_give_up(max_pages, logged, arena, scratch, paged(pool))
 
 
 @njit(cache=True)
 def k_commit_give_up(arena, scratch, pool):
     """Commit a logged give-up."""
-    commit_give_up(arena, scratch, pool)
+    commit_give_up(arena, scratch, paged(pool))
 
 
 @njit(cache=True)
@@ -345,7 +359,7 @@ def k_rollback(arena, scratch):
 @njit(cache=True)
 def k_rollback_paged(arena, scratch, pool):
     """``k_rollback`` on a page pool; also rolls a logged give-up back."""
-    undo_failed_call(arena, scratch, pool)
+    undo_failed_call(arena, scratch, paged(pool))
 
 
 @njit(cache=True)
@@ -380,7 +394,7 @@ def k_check(arena, scratch):
 @njit(cache=True)
 def k_check_paged(arena, scratch, pool):
     """``check`` of a manager on a page pool (its pages against the pool's owner records)."""
-    return check(arena, scratch, pool)
+    return check(arena, scratch, paged(pool))
 
 
 # --- one request at a time (engines that call the manager once per request) -------------------

@@ -32,10 +32,47 @@ from numba import njit
 _HELPER = dict(cache=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 
 
+# Helpers with a stated signature taking the views, and those signatures: each also gets the
+# signature with the views of a manager on a page pool (:data:`.views.VIEWS_PAGED`), but only
+# when a paged kernel is first compiled (:func:`compile_paged_twins`), so that a program
+# without a page pool never compiles them. In decoration order: a helper's callees come first.
+_PAGED_TWINS: list = []
+
+
 def _decorator(options, signatures):
     if inspect.isfunction(signatures):  # used bare: @inlined
         return njit(**options)(signatures)
-    return njit(signatures, **options)
+    if signatures is None:
+        return njit(**options)
+
+    def decorate(func):
+        dispatcher = njit(signatures, **options)(func)
+        _PAGED_TWINS.append((dispatcher, signatures))
+        return dispatcher
+
+    return decorate
+
+
+def compile_paged_twins() -> None:
+    """Give every helper with a stated signature its twin for a paged manager's views.
+
+    numba compiles a stated signature at once and then refuses other argument types; a twin
+    is added by allowing one more compile (``disable_compile``). Called before a paged entry
+    kernel is compiled; a no-op once done.
+    """
+    from kvnumba._kernels.views import VIEWS, VIEWS_PAGED
+
+    for dispatcher, signatures in _PAGED_TWINS:
+        for signature in signatures if isinstance(signatures, list) else [signatures]:
+            if VIEWS not in signature.args:
+                continue
+            args = [VIEWS_PAGED if arg == VIEWS else arg for arg in signature.args]
+            dispatcher.disable_compile(False)
+            try:
+                dispatcher.compile(signature.return_type(*args))
+            finally:
+                dispatcher.disable_compile(True)
+    _PAGED_TWINS.clear()
 
 
 def inlined(signatures=None):

@@ -49,12 +49,25 @@ def array_type(dtype, ndim: int = 1) -> types.Array:
     return types.Array(from_dtype(np.dtype(dtype)), ndim, "C")
 
 
-#: numba's type of a :data:`Views` tuple, for helpers that state their signature.
+#: numba's type of a :data:`Views` tuple, for helpers that state their signature: the views
+#: of a manager without a page pool (its ``pool`` is the C-contiguous scratch arena).
 VIEWS = types.NamedTuple(
     [array_type(f.dtype, len(f.dims)) for f in (*STATE_FIELDS, *SCRATCH_FIELDS)]
     + [array_type(np.uint8)] * 3,
     Views,
 )
+#: The views of a manager on a page pool: ``pool`` is the pool's arena typed with layout
+#: ``'A'`` (``entry.paged``). The only difference, and what :mod:`.page_calls` dispatches on.
+VIEWS_PAGED = types.NamedTuple(
+    [*VIEWS.types[:-1], types.Array(types.uint8, 1, "A")],
+    Views,
+)
+
+
+def is_paged(views_type) -> bool:
+    """Whether ``views_type`` (numba's type of a :data:`Views` tuple) is a paged manager's."""
+    return views_type.types[-1].layout == "A"
+
 
 GENERATED = Path(__file__).with_name("_views_generated.py")
 _SHIFT = {1: 0, 4: 2, 8: 3}
