@@ -24,10 +24,9 @@ _VEC = types.Array(types.int64, 1, "C")
 _ARENA = types.Array(types.uint8, 1, "C")
 _INT = types.int64
 _BOOL = types.boolean
-_KEYS = types.Array(types.uint64, 2, "C")
-# admit_one's keys: any strides, so that the facade needs no contiguity test (the kernel
-# checks the row width itself).
-_ANY_KEYS = types.Array(types.uint64, 2, "A")
+# Engine keys: any strides, so that admit_one's facade needs no contiguity test (its kernel
+# checks the row width itself); one type for every keyed kernel, which share their workers.
+_KEYS = types.Array(types.uint64, 2, "A")
 
 SIGNATURES = {
     "k_new_sequences": (_INT,),
@@ -54,7 +53,7 @@ SIGNATURES = {
     "k_append_one": (_INT, _INT),
     "k_append_one_keys": (_INT, _INT, _INT, _KEYS),
     "k_admit_one": (_VEC, _INT, _INT),
-    "k_admit_one_keys": (_INT, _INT, _ANY_KEYS, _INT),
+    "k_admit_one_keys": (_INT, _INT, _KEYS, _INT),
     "k_lookup_one_keys": (_INT, _INT, _KEYS, _INT),
     # Managers on a page pool: the pool's arena is a third arena argument.
     "k_append_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _INT),
@@ -96,6 +95,30 @@ ONE_REQUEST = frozenset(
 )
 #: Kernels taking the page pool's arena after the manager's two.
 PAGED = frozenset(name for name in SIGNATURES if "paged" in name or "give_up" in name)
+#: Kernels whose workers are compiled with the page code (``entry.with_pages``): the paged
+#: ones that take or release blocks, and the rarely used plain ones, which share their
+#: workers with their paged twins. The rest (``check``, ``can_append``, the rollback) never
+#: reach the page bookkeeping and share the plain workers on a page pool too.
+WITH_PAGES = frozenset(
+    {
+        "k_append_paged",
+        "k_admit_paged",
+        "k_admit_capped_paged",
+        "k_admit_keys_paged",
+        "k_release_paged",
+        "k_truncate_paged",
+        "k_evict_paged",
+        "k_reset_prefix_cache_paged",
+        "k_give_up",
+        "k_admit_capped",
+        "k_admit_keys",
+        "k_admit_one",
+        "k_admit_one_keys",
+        "k_truncate",
+        "k_evict",
+        "k_reset_prefix_cache",
+    }
+)
 
 
 def compiled(name: str):
@@ -116,8 +139,8 @@ def compiled(name: str):
     if config.DISABLE_JIT:  # kernels are plain Python functions (coverage runs)
         return dispatcher
     arenas = 3 if name in PAGED else 2
-    if name in PAGED:
-        compile_paged_twins()  # the helpers' versions for a paged manager's views
+    if name in WITH_PAGES:
+        compile_paged_twins()  # the helpers' versions for views with the page code
     signature = (*SIGNATURES[name], *(_ARENA,) * arenas)
     if signature not in dispatcher.overloads and not is_cached(name):
         _announce()

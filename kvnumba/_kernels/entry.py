@@ -13,9 +13,9 @@ records of a committed call (evictions, pages mapped and unmapped) stay in the s
 where the facade reads them for the callbacks.
 
 A kernel of a manager on a page pool (``*_paged``) hands its workers the pool's arena as
-:func:`paged` makes it: a view of another numba type, so that the workers are compiled apart
-for page pools and a manager without one never compiles the page code
-(:mod:`.page_calls`).
+:func:`with_pages` makes it: a view of another numba type, so that the workers of the quick
+start's calls are compiled apart for page pools and a manager without one never compiles the
+page code (:mod:`.page_calls`).
 """
 
 import numpy as np
@@ -49,7 +49,7 @@ RESULT = slice(4, 8)
 
 
 @njit(cache=True, inline="always")
-def paged(pool):
+def with_pages(pool):
     """The page pool's arena as the workers of a paged kernel take it: the same bytes, typed
     with any layout (``'A'``) where a plain kernel passes its C-contiguous scratch arena."""
     return pool[::1]
@@ -109,7 +109,7 @@ def k_append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scr
 def k_append_paged(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, pool):
     """``append`` of a manager on the page pool whose arena is ``pool``."""
     return _append(
-        ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, paged(pool)
+        ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, with_pages(pool)
     )
 
 
@@ -129,7 +129,7 @@ def k_can_append(ids, counts, arena, scratch):
 @njit(cache=True)
 def k_can_append_paged(ids, counts, arena, scratch, pool):
     """``can_append`` of a manager on a page pool."""
-    return _append_need(ids, counts, arena, scratch, paged(pool))
+    return _append_need(ids, counts, arena, scratch, pool)
 
 
 @njit(cache=True, inline="always")
@@ -182,7 +182,16 @@ def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
 def k_admit_paged(tokens_in, lengths, salts, atomic, arena, scratch, pool):
     """``admit`` of a manager on a page pool."""
     return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, paged(pool), np.bool_(True), None, None
+        tokens_in,
+        lengths,
+        salts,
+        atomic,
+        arena,
+        scratch,
+        with_pages(pool),
+        np.bool_(True),
+        None,
+        None,
     )
 
 
@@ -190,7 +199,16 @@ def k_admit_paged(tokens_in, lengths, salts, atomic, arena, scratch, pool):
 def k_admit_capped(tokens_in, lengths, salts, atomic, caps, arena, scratch):
     """``admit`` with ``max_hit_blocks`` (token hashes)."""
     return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, scratch, np.bool_(True), None, caps
+        tokens_in,
+        lengths,
+        salts,
+        atomic,
+        arena,
+        scratch,
+        with_pages(scratch),
+        np.bool_(True),
+        None,
+        caps,
     )
 
 
@@ -198,7 +216,16 @@ def k_admit_capped(tokens_in, lengths, salts, atomic, caps, arena, scratch):
 def k_admit_capped_paged(tokens_in, lengths, salts, atomic, caps, arena, scratch, pool):
     """``admit`` with ``max_hit_blocks`` (token hashes) on a page pool."""
     return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, paged(pool), np.bool_(True), None, caps
+        tokens_in,
+        lengths,
+        salts,
+        atomic,
+        arena,
+        scratch,
+        with_pages(pool),
+        np.bool_(True),
+        None,
+        caps,
     )
 
 
@@ -207,7 +234,7 @@ def k_admit_keys(tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts
                  scratch):  # fmt: skip
     """``admit`` with engine keys (``block_keys``); ``caps`` holds every prompt's hit cap."""
     return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, scratch, has_tokens,
+        tokens_in, lengths, salts, atomic, arena, scratch, with_pages(scratch), has_tokens,
         (keys, key_counts), caps,
     )  # fmt: skip
 
@@ -217,7 +244,7 @@ def k_admit_keys_paged(tokens_in, lengths, salts, atomic, has_tokens, keys, key_
                        arena, scratch, pool):  # fmt: skip
     """``admit`` with engine keys on a page pool."""
     return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, paged(pool), has_tokens,
+        tokens_in, lengths, salts, atomic, arena, scratch, with_pages(pool), has_tokens,
         (keys, key_counts), caps,
     )  # fmt: skip
 
@@ -288,7 +315,7 @@ def k_release(ids, arena, scratch):
 @njit(cache=True)
 def k_release_paged(ids, arena, scratch, pool):
     """``release`` of a manager on a page pool."""
-    return _release(ids, arena, scratch, paged(pool))
+    return _release(ids, arena, scratch, with_pages(pool))
 
 
 @njit(cache=True, inline="always")
@@ -301,53 +328,53 @@ def _truncate(ids, new_lens, arena, scratch, pool):
 @njit(cache=True)
 def k_truncate(ids, new_lens, arena, scratch):
     """``truncate``: returns (status, bad, 0, 0, 0)."""
-    return _truncate(ids, new_lens, arena, scratch, scratch)
+    return _truncate(ids, new_lens, arena, scratch, with_pages(scratch))
 
 
 @njit(cache=True)
 def k_truncate_paged(ids, new_lens, arena, scratch, pool):
     """``truncate`` of a manager on a page pool (a freed block may unmap its page)."""
-    return _truncate(ids, new_lens, arena, scratch, paged(pool))
+    return _truncate(ids, new_lens, arena, scratch, with_pages(pool))
 
 
 @njit(cache=True)
 def k_evict(blocks, arena, scratch):
     """``evict``: returns (status, bad, record rows needed, 0, blocks evicted)."""
-    status, bad, rows, count = run_evict(blocks, arena, scratch, scratch)
+    status, bad, rows, count = run_evict(blocks, arena, scratch, with_pages(scratch))
     return status, bad, rows, 0, count
 
 
 @njit(cache=True)
 def k_evict_paged(blocks, arena, scratch, pool):
     """``evict`` of a manager on a page pool (an emptied page is unmapped)."""
-    status, bad, rows, count = run_evict(blocks, arena, scratch, paged(pool))
+    status, bad, rows, count = run_evict(blocks, arena, scratch, with_pages(pool))
     return status, bad, rows, 0, count
 
 
 @njit(cache=True)
 def k_reset_prefix_cache(arena, scratch):
     """``reset_prefix_cache``: returns (status, -1, record rows needed, 0, blocks evicted)."""
-    status, rows, count = run_reset_prefix_cache(arena, scratch, scratch)
+    status, rows, count = run_reset_prefix_cache(arena, scratch, with_pages(scratch))
     return status, -1, rows, 0, count
 
 
 @njit(cache=True)
 def k_reset_prefix_cache_paged(arena, scratch, pool):
     """``reset_prefix_cache`` of a manager on a page pool."""
-    status, rows, count = run_reset_prefix_cache(arena, scratch, paged(pool))
+    status, rows, count = run_reset_prefix_cache(arena, scratch, with_pages(pool))
     return status, -1, rows, 0, count
 
 
 @njit(cache=True)
 def k_give_up(max_pages, logged, arena, scratch, pool):
     """``trim`` (``logged`` False) or a sibling's give-up: returns the pages unmapped."""
-    return run_give_up(max_pages, logged, arena, scratch, paged(pool))
+    return run_give_up(max_pages, logged, arena, scratch, with_pages(pool))
 
 
 @njit(cache=True)
 def k_commit_give_up(arena, scratch, pool):
     """Commit a logged give-up."""
-    commit_give_up(arena, scratch, paged(pool))
+    commit_give_up(arena, scratch, pool)
 
 
 @njit(cache=True)
@@ -359,7 +386,7 @@ def k_rollback(arena, scratch):
 @njit(cache=True)
 def k_rollback_paged(arena, scratch, pool):
     """``k_rollback`` on a page pool; also rolls a logged give-up back."""
-    undo_failed_call(arena, scratch, paged(pool))
+    undo_failed_call(arena, scratch, pool)
 
 
 @njit(cache=True)
@@ -394,7 +421,7 @@ def k_check(arena, scratch):
 @njit(cache=True)
 def k_check_paged(arena, scratch, pool):
     """``check`` of a manager on a page pool (its pages against the pool's owner records)."""
-    return check(arena, scratch, paged(pool))
+    return check(arena, scratch, pool)
 
 
 # --- one request at a time (engines that call the manager once per request) -------------------
@@ -453,9 +480,10 @@ def _one_prompt_buffer(length, arena):
 
 
 @njit(cache=True, inline="always")
-def _admit_one(buffer, tokens_in, length, salt, has_tokens, key_rows, cap, arena, scratch):
+def _admit_one(buffer, tokens_in, length, salt, has_tokens, key_rows, cap, arena, scratch, pool):
     # The facade passes 1 <= length <= max_seq_len. Only what the facade uses comes back: a
-    # failure is redone by the batched call, which reports it.
+    # failure is redone by the batched call, which reports it. ``pool`` is the scratch arena,
+    # typed as the batched kernel of the same kind takes it (their workers are shared).
     block_size = block_size_of(arena)
     blocks = (length + block_size - 1) // block_size
     lengths = carve(buffer, 0, (1,), np.int64)
@@ -475,7 +503,7 @@ def _admit_one(buffer, tokens_in, length, salt, has_tokens, key_rows, cap, arena
         return status, -1, 0
     status, _, _, _, _ = run_admit(
         tokens_in, lengths, salts, np.bool_(True), bound, ids, cached, slot_mapping, ok, hits,
-        no_pairs, arena, scratch, scratch, has_tokens, key_rows, caps,
+        no_pairs, arena, scratch, pool, has_tokens, key_rows, caps,
     )  # fmt: skip
     return status, ids[0], cached[0]
 
@@ -485,7 +513,18 @@ def k_admit_one(tokens_in, salt, cap, arena, scratch):
     """One prompt with token ids: returns (status, id, cached tokens)."""
     length = tokens_in.shape[0]
     buffer = _one_prompt_buffer(length, arena)
-    return _admit_one(buffer, tokens_in, length, salt, np.bool_(True), None, cap, arena, scratch)
+    return _admit_one(
+        buffer,
+        tokens_in,
+        length,
+        salt,
+        np.bool_(True),
+        None,
+        cap,
+        arena,
+        scratch,
+        with_pages(scratch),
+    )
 
 
 @njit(cache=True)
@@ -499,7 +538,7 @@ def k_admit_one_keys(length, salt, keys, cap, arena, scratch):
     key_counts[0] = keys.shape[0]
     return _admit_one(
         buffer, np.empty(0, dtype=np.int64), length, salt, np.bool_(False), (keys, key_counts),
-        cap, arena, scratch,
+        cap, arena, scratch, with_pages(scratch),
     )  # fmt: skip
 
 
