@@ -44,7 +44,6 @@ SIGNATURES = {
     "k_evict": (_VEC,),
     "k_reset_prefix_cache": (),
     # Engine keys, hit caps and lookups (``block_keys``; ``kvnumba.integrations.vllm``).
-    "k_admit_capped": (_VEC, _VEC, _VEC, _BOOL, _VEC),
     "k_admit_keys": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _KEYS, _VEC, _VEC),
     "k_lookup": (_VEC, _VEC, _VEC, _VEC),
     "k_lookup_keys": (_VEC, _VEC, _VEC, _BOOL, _KEYS, _VEC, _VEC),
@@ -67,7 +66,6 @@ SIGNATURES = {
     "k_truncate_paged": (_VEC, _VEC),
     "k_evict_paged": (_VEC,),
     "k_reset_prefix_cache_paged": (),
-    "k_admit_capped_paged": (_VEC, _VEC, _VEC, _BOOL, _VEC),
     "k_admit_keys_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _KEYS, _VEC, _VEC),
 }
 #: Kernels a manager loads on first use even on a page pool (``manager._kernel``): rarely
@@ -77,7 +75,6 @@ LAZY = frozenset(
         "k_truncate",
         "k_evict",
         "k_reset_prefix_cache",
-        "k_admit_capped",
         "k_admit_keys",
         "k_lookup",
         "k_lookup_keys",
@@ -103,14 +100,12 @@ WITH_PAGES = frozenset(
     {
         "k_append_paged",
         "k_admit_paged",
-        "k_admit_capped_paged",
         "k_admit_keys_paged",
         "k_release_paged",
         "k_truncate_paged",
         "k_evict_paged",
         "k_reset_prefix_cache_paged",
         "k_give_up",
-        "k_admit_capped",
         "k_admit_keys",
         "k_admit_one",
         "k_admit_one_keys",

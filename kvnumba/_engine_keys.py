@@ -103,16 +103,14 @@ class EngineKeyCalls:
         tokens_in, has_tokens, lengths, salts, keys, key_counts, caps = self._prompt_inputs(
             tokens, lengths, salts, keys, key_counts, max_hit_blocks
         )
-        if keys is not None:
-            if caps is None:
-                caps = np.full(lengths.shape[0], _CAP_NONE, dtype=np.int64)
-            name = "k_admit_keys"
-            args = (tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps)
-        else:
-            name = "k_admit_capped"
-            args = (tokens_in, lengths, salts, atomic, caps)
+        if keys is None:
+            # Token mode with caps: the keyed kernel with no keys finds blocks by token hash.
+            keys, key_counts = _NO_KEYS, np.zeros(lengths.shape[0], dtype=np.int64)
+        if caps is None:
+            caps = np.full(lengths.shape[0], _CAP_NONE, dtype=np.int64)
+        args = (tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps)
         return self._run_admit(
-            self._lazy_kernel(name),
+            self._lazy_kernel("k_admit_keys"),
             args,
             atomic,
             lengths,

@@ -16,6 +16,7 @@ from kvnumba._state import (
     FIELD,
     M_CACHED,
     M_HASH_BITS,
+    M_KEYED,
     M_MAX_SEQ_LEN,
     M_PAGE_K,
     M_PREFIX_CACHING,
@@ -84,6 +85,11 @@ def prompt_hits(v, p, prompt, row, length, salt, has_tokens, key_rows, caps, hit
     if caps is not None:
         limit = min(limit, caps[p])
     if key_rows is None:
+        found, cached = lookup_prefix(v, prompt, salt, limit, hits)
+        return found, cached, limit
+    if v.meta[M_KEYED] == 0:
+        # A token-mode manager's admit with caps takes the keyed kernel with no keys (one
+        # compiled admit fewer): its blocks are found by their token hashes.
         found, cached = lookup_prefix(v, prompt, salt, limit, hits)
         return found, cached, limit
     keys, key_counts = key_rows

@@ -168,8 +168,8 @@ def _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool, has_tokens, 
 
 
 # Token-mode admits pass None for the keys and the caps: numba prunes their branches, so the
-# quick start's admit compiles without them. Keyed or capped admits are kernels of their own,
-# compiled on first use.
+# quick start's admit compiles without them. Keyed or capped admits are one kernel of their own
+# (``k_admit_keys``; a token-mode manager passes no keys), compiled on first use.
 @njit(cache=True)
 def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
     """``admit``: returns (status, bad, needed, available, ids, num_cached_tokens, slots, ok)."""
@@ -180,53 +180,15 @@ def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
 
 @njit(cache=True)
 def k_admit_paged(tokens_in, lengths, salts, atomic, arena, scratch, pool):
-    """``admit`` of a manager on a page pool."""
+    """``admit`` of a manager on a page pool. It passes no keys and no caps the way
+    ``k_admit_keys_paged`` takes them, so the two share their compiled workers."""
+    n = lengths.shape[0]
+    no_keys = (np.empty((0, 4), dtype=np.uint64)[::1], np.zeros(n, dtype=np.int64))
+    caps = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
     return _admit(
-        tokens_in,
-        lengths,
-        salts,
-        atomic,
-        arena,
-        scratch,
-        with_pages(pool),
-        np.bool_(True),
-        None,
-        None,
-    )
-
-
-@njit(cache=True)
-def k_admit_capped(tokens_in, lengths, salts, atomic, caps, arena, scratch):
-    """``admit`` with ``max_hit_blocks`` (token hashes)."""
-    return _admit(
-        tokens_in,
-        lengths,
-        salts,
-        atomic,
-        arena,
-        scratch,
-        with_pages(scratch),
-        np.bool_(True),
-        None,
-        caps,
-    )
-
-
-@njit(cache=True)
-def k_admit_capped_paged(tokens_in, lengths, salts, atomic, caps, arena, scratch, pool):
-    """``admit`` with ``max_hit_blocks`` (token hashes) on a page pool."""
-    return _admit(
-        tokens_in,
-        lengths,
-        salts,
-        atomic,
-        arena,
-        scratch,
-        with_pages(pool),
-        np.bool_(True),
-        None,
-        caps,
-    )
+        tokens_in, lengths, salts, atomic, arena, scratch, with_pages(pool), np.bool_(True),
+        no_keys, caps,
+    )  # fmt: skip
 
 
 @njit(cache=True)
@@ -510,21 +472,18 @@ def _admit_one(buffer, tokens_in, length, salt, has_tokens, key_rows, cap, arena
 
 @njit(cache=True)
 def k_admit_one(tokens_in, salt, cap, arena, scratch):
-    """One prompt with token ids: returns (status, id, cached tokens)."""
+    """One prompt with token ids (a manager without engine keys): returns (status, id, cached
+    tokens). It passes no keys the way ``k_admit_keys`` takes them, so the two share their
+    compiled workers (the token hashes find the hits)."""
     length = tokens_in.shape[0]
     buffer = _one_prompt_buffer(length, arena)
+    key_counts = carve(buffer, 40, (1,), np.int64)
+    key_counts[0] = 0
+    no_keys = carve(buffer, 0, (0, 4), np.uint64)[::1]  # layout "A", as the keyed kernels'
     return _admit_one(
-        buffer,
-        tokens_in,
-        length,
-        salt,
-        np.bool_(True),
-        None,
-        cap,
-        arena,
-        scratch,
-        with_pages(scratch),
-    )
+        buffer, tokens_in, length, salt, np.bool_(True), (no_keys, key_counts), cap, arena,
+        scratch, with_pages(scratch),
+    )  # fmt: skip
 
 
 @njit(cache=True)
