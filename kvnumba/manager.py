@@ -144,7 +144,7 @@ class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
         address-space limit (``RLIMIT_AS``); the size is computed before anything is allocated.
     reserved_blocks : int, default 0
         Blocks ``0 .. reserved_blocks - 1`` are never handed out (e.g. vLLM's null block):
-        never free, cached or used, so ``stats()`` counts ``num_blocks - reserved_blocks``.
+        never free or cached; ``stats()`` counts them as used (as vLLM counts its null block).
         ``0 <= reserved_blocks < num_blocks``; must be 0 with a page pool
         (``docs/design.md``, "Shrinking and engine conveniences").
     block_keys : bool, default False
@@ -324,12 +324,12 @@ class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
 
     def __repr__(self) -> str:
         meta = self._s.meta
-        used, cached = int(meta[M_USED]), int(meta[M_CACHED])
+        used, cached = int(meta[M_USED]) + self._reserved, int(meta[M_CACHED])
         pages = f", mapped_pages={int(meta[M_MAPPED])}" if self._k else ""
         return (
             f"BlockManager(num_blocks={self._num_blocks}, block_size={self._block_size}, "
             f"used={used}, cached={cached}, "
-            f"free={self._num_blocks - self._reserved - used - cached}, "
+            f"free={self._num_blocks - used - cached}, "
             f"live_seqs={int(meta[M_LIVE_SEQS])}{pages})"
         )
 
@@ -785,11 +785,12 @@ class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
     def stats(self) -> Stats:
         """Block counts and counters of committed work (see :class:`kvnumba.Stats`)."""
         meta = self._s.meta
-        used, cached = int(meta[M_USED]), int(meta[M_CACHED])
+        # Reserved blocks count as used, as vLLM counts its null block: never free.
+        used, cached = int(meta[M_USED]) + self._reserved, int(meta[M_CACHED])
         return Stats(
             used=used,
             cached=cached,
-            free=self._num_blocks - self._reserved - used - cached,
+            free=self._num_blocks - used - cached,
             allocations=int(meta[M_ALLOCATIONS]),
             evictions=int(meta[M_EVICTIONS]),
             cow_copies=int(meta[M_COW_COPIES]),

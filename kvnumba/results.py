@@ -94,7 +94,8 @@ class Stats:
     Attributes
     ----------
     used, cached, free : int
-        Blocks referenced by a sequence / held at refcount 0 on the LRU list / empty.
+        Blocks referenced by a sequence or reserved (``reserved_blocks``) / held at refcount 0
+        on the LRU list / empty.
     allocations : int
         Blocks taken from the free list or the cache, copy-on-write blocks included, prefix
         hits not.

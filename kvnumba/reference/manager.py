@@ -474,11 +474,11 @@ class ReferenceBlockManager(
     def stats(self) -> Stats:
         """Counters and block census (``free`` includes the blocks of unmapped pages)."""
         cached = len(self._lru)
-        used = sum(1 for r in self._ref if r)
+        used = sum(1 for r in self._ref if r) + self._reserved  # reserved blocks count as used
         return Stats(
             used=used,
             cached=cached,
-            free=self._num_blocks - self._reserved - used - cached,
+            free=self._num_blocks - used - cached,
             mapped_pages=len(self._phys) - len(self._unmapped),
             failed_calls=self._failed_calls,
             **self._counters,
