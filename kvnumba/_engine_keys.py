@@ -30,9 +30,11 @@ def key_array(keys) -> np.ndarray:
     keys : array-like of shape (K, 4)
         Unsigned (or non-negative) integers: four 64-bit words per block.
     """
+    # Identity, not equality, of the dtype: numpy keeps one uint64 descriptor, and `==` costs
+    # a tenth of a one-request call (any other descriptor is converted below).
     if (
         type(keys) is np.ndarray
-        and keys.dtype == _UINT64
+        and keys.dtype is _UINT64
         and keys.ndim == 2
         and keys.shape[1] == 4
         and keys.flags.c_contiguous

@@ -33,22 +33,6 @@ def _int(value, name: str) -> int:
     return int(value)
 
 
-def _keys_in(keys) -> np.ndarray:
-    """``keys`` as the kernels take them: passed through when already a C-contiguous uint64
-    ``[K, 4]`` array, else converted (and checked) by :func:`key_array`."""
-    # Identity, not equality, of the dtype: numpy keeps one uint64 descriptor, and `==` costs
-    # a tenth of a one-request call.
-    if (
-        type(keys) is np.ndarray
-        and keys.dtype is _UINT64
-        and keys.ndim == 2
-        and keys.shape[1] == 4
-        and keys.flags.c_contiguous
-    ):
-        return keys
-    return key_array(keys)
-
-
 class OneRequestCalls:
     """``append_one`` and ``admit_one`` of :class:`kvnumba.BlockManager`."""
 
@@ -86,7 +70,7 @@ class OneRequestCalls:
             if not self._block_keys:
                 raise ValueError("keys need a manager built with block_keys=True")
             key_start = _int(key_start, "key_start")
-            keys = _keys_in(keys)
+            keys = key_array(keys)
             if fast:
                 r = self._k_append_one_keys(seq_id, count, key_start, keys, *self._args)
                 if r[0] == 0:
@@ -190,7 +174,7 @@ class OneRequestCalls:
             length = _int(length, "length")
         keyed = self._block_keys
         if keys is not None and keyed:
-            keys = _keys_in(keys)
+            keys = key_array(keys)
         if self._pool is None and cap >= 0 and 1 <= length <= self._max_seq_len:
             r = None
             if keyed and not has_tokens:
@@ -243,7 +227,7 @@ class OneRequestCalls:
         """
         length, salt = _int(length, "length"), _int(salt, "salt")
         cap = _CAP_NONE if max_hit_blocks is None else _int(max_hit_blocks, "max_hit_blocks")
-        keys = _keys_in(keys)
+        keys = key_array(keys)
         if self._block_keys and cap >= 0 and 1 <= length <= self._max_seq_len:
             status, _, hits = self._k_lookup_one_keys(length, salt, keys, cap, *self._args)
             if status == 0:

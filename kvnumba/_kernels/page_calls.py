@@ -55,29 +55,21 @@ def _take_from_pages_impl(v):
     return lambda v: np.int64(NIL)
 
 
-@overload(page_gain_ref, inline="always")
-def _page_gain_ref_impl(v, page):
-    if is_paged(v):
-        return lambda v, page: _page_gain_ref(v, page)
-    return lambda v, page: None
+def _resolve_by_views(stub, page_call):
+    """Make numba resolve ``stub(v, x)`` to ``page_call(v, x)`` for a paged manager's views and
+    to nothing for a plain manager's."""
+
+    @overload(stub, inline="always")
+    def _resolve(v, x):
+        if is_paged(v):
+            return lambda v, x: page_call(v, x)
+        return lambda v, x: None
 
 
-@overload(cache_in_page, inline="always")
-def _cache_in_page_impl(v, b):
-    if is_paged(v):
-        return lambda v, b: _cache_in_page(v, b)
-    return lambda v, b: None
-
-
-@overload(free_in_page, inline="always")
-def _free_in_page_impl(v, b):
-    if is_paged(v):
-        return lambda v, b: _free_in_page(v, b)
-    return lambda v, b: None
-
-
-@overload(evicted_to_page, inline="always")
-def _evicted_to_page_impl(v, b):
-    if is_paged(v):
-        return lambda v, b: _evicted_to_page(v, b)
-    return lambda v, b: None
+for _stub, _page_call in [
+    (page_gain_ref, _page_gain_ref),
+    (cache_in_page, _cache_in_page),
+    (free_in_page, _free_in_page),
+    (evicted_to_page, _evicted_to_page),
+]:
+    _resolve_by_views(_stub, _page_call)
