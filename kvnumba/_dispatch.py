@@ -86,7 +86,8 @@ LAZY = frozenset(
         "k_lookup_one_keys",
     }
 )
-#: The one-request kernels (``append_one``, ``admit_one``): never run on a page pool.
+#: The one-request kernels (``append_one``, ``admit_one``): never run on a page pool; they take
+#: each arena as its address and size.
 ONE_REQUEST = frozenset(
     {"k_append_one", "k_append_one_keys", "k_admit_one", "k_admit_one_keys", "k_lookup_one_keys"}
 )
@@ -133,14 +134,22 @@ def compiled(name: str):
     dispatcher = getattr(entry, name)
     if config.DISABLE_JIT:  # kernels are plain Python functions (coverage runs)
         return dispatcher
-    arenas = 3 if name in PAGED else 2
     if name in WITH_PAGES:
         compile_paged_twins()  # the helpers' versions for views with the page code
-    signature = (*SIGNATURES[name], *(_ARENA,) * arenas)
+    signature = (*SIGNATURES[name], *arena_types(name))
     if signature not in dispatcher.overloads and not is_cached(name):
         _announce()
     dispatcher.compile(signature)
     return dispatcher.overloads[signature].entry_point
+
+
+def arena_types(name: str) -> tuple:
+    """numba types of the arena arguments the entry kernel ``name`` takes after its inputs:
+    the two arenas (and the page pool's for :data:`PAGED`), or, for :data:`ONE_REQUEST`, each
+    arena's address and size (``carve.arena_at``)."""
+    if name in ONE_REQUEST:
+        return (_INT,) * 4
+    return (_ARENA,) * (3 if name in PAGED else 2)
 
 
 def is_cached(name: str) -> bool:

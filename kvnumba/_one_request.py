@@ -72,7 +72,7 @@ class OneRequestCalls:
             key_start = _int(key_start, "key_start")
             keys = key_array(keys)
             if fast:
-                r = self._k_append_one_keys(seq_id, count, key_start, keys, *self._args)
+                r = self._k_append_one_keys(seq_id, count, key_start, keys, *self._one_args)
                 if r[0] == 0:
                     self._after_fast_commit(r)
                     return r[4], r[5], r[6], r[7]
@@ -81,7 +81,7 @@ class OneRequestCalls:
                     rows = np.array([keys.shape[0]])
                     self._raise_keys(r[0], 0, ids, np.array([key_start]), rows)
         elif fast:
-            r = self._k_append_one(seq_id, count, *self._args)
+            r = self._k_append_one(seq_id, count, *self._one_args)
             if r[0] == 0:
                 self._after_fast_commit(r)
                 return r[4], r[5], r[6], r[7]
@@ -147,7 +147,7 @@ class OneRequestCalls:
         ):
             cap = _CAP_NONE if max_hit_blocks is None else max_hit_blocks
             if type(cap) is int and cap >= 0:
-                r = self._k_admit_one_keys(length, salt, keys, cap, *self._args)
+                r = self._k_admit_one_keys(length, salt, keys, cap, *self._one_args)
                 if r[0] == 0:
                     if self._event_chunks is not None or self._on_evict is not None:
                         self._after_fast_commit(r)
@@ -179,10 +179,10 @@ class OneRequestCalls:
             r = None
             if keyed and not has_tokens:
                 r = self._k_admit_one_keys(
-                    length, salt, _NO_KEYS if keys is None else keys, cap, *self._args
+                    length, salt, _NO_KEYS if keys is None else keys, cap, *self._one_args
                 )
             elif not keyed and keys is None and length == tokens_in.shape[0]:
-                r = self._k_admit_one(tokens_in, salt, cap, *self._args)
+                r = self._k_admit_one(tokens_in, salt, cap, *self._one_args)
             if r is not None and r[0] == 0:
                 if self._event_chunks is not None or self._on_evict is not None:
                     self._after_fast_commit(r)
@@ -229,7 +229,7 @@ class OneRequestCalls:
         cap = _CAP_NONE if max_hit_blocks is None else _int(max_hit_blocks, "max_hit_blocks")
         keys = key_array(keys)
         if self._block_keys and cap >= 0 and 1 <= length <= self._max_seq_len:
-            status, _, hits = self._k_lookup_one_keys(length, salt, keys, cap, *self._args)
+            status, _, hits = self._k_lookup_one_keys(length, salt, keys, cap, *self._one_args)
             if status == 0:
                 return hits
         result = self.lookup(

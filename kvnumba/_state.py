@@ -75,6 +75,9 @@ S_SAVED_PAYLOAD = 8  # S_EV_PAYLOAD before a logged give-up switched it on
 S_SHORT = 9  # blocks a failed call lacked at its failure point (what sibling reclaim must add)
 S_EVT_N = 10  # block events recorded and not yet collected by the facade (rows of ``evt``)
 SCR_SIZE = 16
+#: int64 words of a one-request call's inputs and outputs before its hits in the scratch
+#: ``slots`` field (``entry._admit_one``), which holds them and a sequence's worth of hits.
+CALL_ROOM_INPUTS = 8
 
 
 # --- the field tables: the one description of the arenas' layout ---------------------------------
@@ -178,7 +181,12 @@ SCRATCH_FIELDS = (
     Field("meta_save", np.int64, ("meta",), "``meta`` at the start of a logged call."),
     Field("map_rec", np.int64, ("pages", "two"), "(physical, virtual) of each page mapped."),
     Field("unmap_rec", np.int64, ("pages", "two"), "(physical, virtual) of each page unmapped."),
-    Field("slots", np.int64, ("seqs",), "Room for the slots of a call's ids."),
+    Field(
+        "slots",
+        np.int64,
+        ("call_room",),
+        "Room for the slots of a call's ids, or a one-request call's inputs and cache hits.",
+    ),
     Field(
         "evt",
         np.int64,
@@ -365,6 +373,7 @@ def new_state(
 def scratch_dims(
     block_size: int,
     max_seqs: int,
+    blocks_per_seq: int,
     rows: int,
     log_rows: int,
     payload: bool,
@@ -381,6 +390,7 @@ def scratch_dims(
         "payload_rows": rows if payload else 0,
         "block_size": block_size,
         "seqs": max_seqs,
+        "call_room": max(max_seqs, blocks_per_seq + CALL_ROOM_INPUTS),
         "scr": SCR_SIZE,
         "meta": META_SIZE,
         "pages": num_pages,
@@ -391,6 +401,7 @@ def scratch_dims(
 def new_scratch(
     block_size: int,
     max_seqs: int,
+    blocks_per_seq: int,
     rows: int,
     log_rows: int,
     payload: bool,
@@ -401,7 +412,7 @@ def new_scratch(
 
     Parameters
     ----------
-    block_size, max_seqs : int
+    block_size, max_seqs, blocks_per_seq : int
         Geometry of the manager.
     rows : int
         Eviction records one call can hold.
@@ -421,7 +432,9 @@ def new_scratch(
     views : dict
         Views named as in :data:`SCRATCH_FIELDS`.
     """
-    dims = scratch_dims(block_size, max_seqs, rows, log_rows, payload, num_pages, event_rows)
+    dims = scratch_dims(
+        block_size, max_seqs, blocks_per_seq, rows, log_rows, payload, num_pages, event_rows
+    )
     return _arena(SCRATCH_FIELDS, dims)
 
 

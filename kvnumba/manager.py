@@ -276,7 +276,16 @@ class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
         event_rows = 2 * num_blocks + 8 if block_events else 0
         scratch = arena_bytes(
             SCRATCH_FIELDS,
-            scratch_dims(block_size, max_seqs, 64, 64, on_evict is not None, num_pages, event_rows),
+            scratch_dims(
+                block_size,
+                max_seqs,
+                blocks_per_seq,
+                64,
+                64,
+                on_evict is not None,
+                num_pages,
+                event_rows,
+            ),  # fmt: skip
         )
         check_state_bytes(
             state + scratch,
@@ -292,6 +301,7 @@ class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
         self._scratch, self._x = new_scratch(
             self._block_size,
             self._max_seqs,
+            self._s.seq_table.shape[1],
             rows,
             log_rows,
             payload,
@@ -305,6 +315,14 @@ class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
             self._x["seq_mark"][:] = old["seq_mark"]
         self._scr = self._x["scr"]
         self._args = (self._arena, self._scratch)
+        # The one-request calls take the arenas as addresses and sizes (``carve.arena_at``):
+        # four integers cost the call boundary less than two arrays.
+        self._one_args = (
+            self._arena.ctypes.data,
+            self._arena.nbytes,
+            self._scratch.ctypes.data,
+            self._scratch.nbytes,
+        )
         pool = getattr(self, "_pool", None)
         if pool is not None:
             self._pargs = (self._arena, self._scratch, pool.arena)

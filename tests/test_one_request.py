@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import kvnumba
 from kvnumba import PagePool, PoolExhausted, SequenceReleased, SequenceTooLong
 from kvnumba._ids import ID_TAG_SHIFT
-from kvnumba._state import M_ID_TAG
+from kvnumba._state import CALL_ROOM_INPUTS, M_ID_TAG
 
 
 def _key(i):
@@ -194,6 +194,35 @@ def test_admit_one_takes_strided_keys_and_refuses_keys_of_another_shape():
     for x, y in zip(before, a.snapshot(), strict=True):
         assert np.array_equal(x, y)
     a.check()
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_one_request_calls_of_the_longest_prompt_with_one_sequence_slot(keyed):
+    # The one-request kernels carve their inputs and a sequence's worth of hits out of the
+    # scratch ``slots`` field, sized for max_seqs ids: with one sequence slot and 64 blocks per
+    # sequence the field must still hold the longest prompt's hits.
+    def make():
+        return kvnumba.BlockManager(
+            200, 4, max_seqs=1, max_seq_len=256, block_keys=keyed, block_events=True
+        )
+
+    one, batched = make(), make()
+    assert one._x["slots"].shape[0] >= 64 + CALL_ROOM_INPUTS
+    tokens = np.arange(250, dtype=np.int64) % 11
+    keys = KEYS[:62] if keyed else None
+    for round_ in range(3):  # a cold prompt, then twice with all 62 full blocks cached
+        got = one.admit_one(None if keyed else tokens, length=250, keys=keys)
+        r = batched.admit(None if keyed else tokens, [250], keys=keys)
+        assert _untagged(got) == _untagged((int(r.ids[0]), int(r.num_cached_tokens[0])))
+        assert got[1] == (0 if round_ == 0 else 248)
+        assert one.append_one(got[0], 6) == (63, 64, -1, -1)  # up to max_seq_len
+        batched.append(r.ids, [6])
+        one.check()
+        _same_state(one, batched)
+        one.release([got[0]])
+        batched.release(r.ids)
+    for x, y in zip(one.take_events(), batched.take_events(), strict=True):
+        assert np.array_equal(x, y)
 
 
 def test_table_row_is_a_live_read_only_view():

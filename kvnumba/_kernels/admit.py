@@ -231,7 +231,7 @@ def run_admit(
         if need > free_now(v) + meta[M_CACHED] - cached_hits:
             if not atomic:
                 scr[S_FAILED] += 1
-                for j in range(length):
+                for j in range(length if slot_mapping.shape[0] != 0 else 0):
                     slot_mapping[out + j] = -1
                 out += length
                 start += length if has_tokens else 0

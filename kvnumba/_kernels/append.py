@@ -83,8 +83,9 @@ def append_tokens(
 ):
     """Append ``count`` tokens to one sequence whose need the caller has checked.
 
-    Writes the slots to ``slot_mapping[out_offset:]`` and a copy-on-write pair, if any, to
-    ``cow_src/cow_dst[num_cow]``; returns the new number of COW pairs.
+    Writes the slots to ``slot_mapping[out_offset:]`` (none to an empty ``slot_mapping``) and a
+    copy-on-write pair, if any, to ``cow_src/cow_dst[num_cow]``; returns the new number of COW
+    pairs.
     """
     if count == 0:
         return num_cow
@@ -101,6 +102,7 @@ def append_tokens(
             num_cow += 1
     # Fill block by block: one take per new block, then a tight loop over its new slots.
     logging = v.scr[S_LOG_ON] != 0
+    wants_slots = slot_mapping.shape[0] != 0  # empty: a one-request call, which reads none
     done = 0
     while done < count:
         p = length + done
@@ -117,10 +119,11 @@ def append_tokens(
                     ref[b] = 1
                     block_flags[b] = 0
                     seq_table[slot, pos + q] = b
-                    first_slot = b * block_size
-                    base = out_offset + done + q * block_size
-                    for j in range(block_size):
-                        slot_mapping[base + j] = first_slot + j
+                    if wants_slots:
+                        first_slot = b * block_size
+                        base = out_offset + done + q * block_size
+                        for j in range(block_size):
+                            slot_mapping[base + j] = first_slot + j
                 meta[M_FREE_TOP] = top - whole
                 meta[M_USED] += whole
                 meta[M_ALLOCATIONS] += whole
@@ -142,9 +145,10 @@ def append_tokens(
             if not has_tokens and block_flags[b] & F_KNOWN:
                 set_logged(v, block_flags, FIELD.block_flags, b, block_flags[b] ^ F_KNOWN)
         n = min(count - done, block_size - offset)
-        first_slot = b * block_size + offset
-        for j in range(n):
-            slot_mapping[out_offset + done + j] = first_slot + j
+        if wants_slots:
+            first_slot = b * block_size + offset
+            for j in range(n):
+                slot_mapping[out_offset + done + j] = first_slot + j
         if has_tokens:
             for j in range(n):
                 tokens[b, offset + j] = src[src_offset + done + j]
@@ -203,9 +207,10 @@ def append_in_block(v, slot, count, src, src_offset, has_tokens, slot_mapping, o
             return False
         if not has_tokens and v.block_flags[b] & F_KNOWN:
             v.block_flags[b] = v.block_flags[b] ^ F_KNOWN
-    first_slot = b * block_size + fill
-    for j in range(count):
-        slot_mapping[out_offset + j] = first_slot + j
+    if slot_mapping.shape[0] != 0:  # empty: a one-request call, which reads no slots
+        first_slot = b * block_size + fill
+        for j in range(count):
+            slot_mapping[out_offset + j] = first_slot + j
     if has_tokens:
         for j in range(count):
             v.tokens[b, fill + j] = src[src_offset + j]
@@ -303,7 +308,8 @@ def run_append(
     """Validate, then append; returns (status, bad index, needed, available, COW pairs).
 
     ``needed`` is exact when the call did not fit and an upper bound otherwise. Every entry of
-    ``slot_mapping`` is written (-1 for a sequence that did not fit); ``cow_src`` doubles as the
+    ``slot_mapping`` is written (-1 for a sequence that did not fit), unless it is empty (a
+    one-request call, which reads no slots); ``cow_src`` doubles as the
     record of simulated refcount drops before it receives the copy pairs.
     """
     v = views(arena, scratch, pool)
@@ -357,7 +363,7 @@ def run_append(
             ok[i] = True
         else:
             scr[S_FAILED] += 1
-            for j in range(counts[i]):
+            for j in range(counts[i] if slot_mapping.shape[0] != 0 else 0):
                 slot_mapping[offset + j] = -1
         offset += counts[i]
     if scr[S_EV_N] > 0:

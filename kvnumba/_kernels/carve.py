@@ -8,6 +8,8 @@ pointer, a shape and C strides (about ten instructions). It borrows the arena's 
 ``meminfo``), like a numpy view.
 """
 
+import ctypes
+
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, config, types
@@ -88,3 +90,52 @@ def _carve(typingctx, arena, offset, shape, dtype):
 
 #: ``carve(arena, offset, shape, dtype)``: the view of ``arena`` at byte ``offset``.
 carve = carve_py if config.DISABLE_JIT else _carve
+
+
+def arena_at_py(address, nbytes):
+    """Pure-Python ``arena_at`` (what kernels call when ``NUMBA_DISABLE_JIT`` is set).
+
+    Parameters
+    ----------
+    address : int
+        Address of the arena's first byte (``arena.ctypes.data``).
+    nbytes : int
+        Its size in bytes.
+
+    Returns
+    -------
+    numpy.ndarray
+        A uint8 vector over that memory, owning nothing.
+    """
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+
+
+@intrinsic
+def _arena_at(typingctx, address, nbytes):
+    # An arena passed as two integers costs the call boundary far less than an array: numba
+    # wraps every array argument in a runtime record (an allocation) and frees it on return.
+    # The view owns nothing (no meminfo): the caller keeps the arena alive for the call.
+    if not (isinstance(address, types.Integer) and isinstance(nbytes, types.Integer)):
+        return None
+    arena_type = types.Array(types.uint8, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        address_value, nbytes_value = args
+        arena = make_array(arena_type)(context, builder)
+        byte = context.get_data_type(types.uint8)
+        populate_array(
+            arena,
+            data=builder.inttoptr(address_value, byte.as_pointer()),
+            shape=[context.cast(builder, nbytes_value, signature.args[1], types.intp)],
+            strides=[context.get_constant(types.intp, 1)],
+            itemsize=context.get_constant(types.intp, 1),
+            meminfo=None,
+        )
+        return arena._getvalue()
+
+    return arena_type(address, nbytes), codegen
+
+
+#: ``arena_at(address, nbytes)``: the arena of ``nbytes`` bytes at ``address`` (the one-request
+#: calls take their arenas so).
+arena_at = arena_at_py if config.DISABLE_JIT else _arena_at

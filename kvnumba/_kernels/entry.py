@@ -23,7 +23,7 @@ from numba import njit
 
 from kvnumba._kernels.admit import run_admit, run_lookup, validate_admit
 from kvnumba._kernels.append import append_need, run_append
-from kvnumba._kernels.carve import carve
+from kvnumba._kernels.carve import arena_at, carve
 from kvnumba._kernels.check import check
 from kvnumba._kernels.engine import run_evict, run_reset_prefix_cache, run_truncate
 from kvnumba._kernels.keys import check_key_run, register_key_run, run_set_keys
@@ -39,8 +39,9 @@ from kvnumba._kernels.sequences import (
     table_width,
 )
 from kvnumba._kernels.trim import commit_give_up, run_give_up
-from kvnumba._kernels.views import block_size_of, scratch_slots
-from kvnumba.errors import ST_BAD_KEY_COUNT, ST_OK
+from kvnumba._kernels.views import block_size_of, call_room, scratch_slots
+from kvnumba._state import CALL_ROOM_INPUTS
+from kvnumba.errors import ST_BAD_KEY_COUNT, ST_NEED_BUFFERS, ST_OK
 
 #: Positions of the outcome of a state-changing entry kernel (a tuple: boxing a named tuple
 #: would cost the hot path).
@@ -387,20 +388,27 @@ def k_check_paged(arena, scratch, pool):
 
 
 # --- one request at a time (engines that call the manager once per request) -------------------
-# Scalars in, scalars out: each array argument or result costs about 150 ns at the boundary,
-# so these take only the two arenas (and the keys) and build their one-element inputs inside.
-# The workers are append's and admit's own, compiled for the same types.
+# Scalars in, scalars out: each array argument or result costs about 150 ns at the boundary, so
+# these take the arenas as addresses and sizes (``arena_at``), the keys of a keyed prompt as the
+# only array, and carve their one-element inputs, outputs and cache hits out of the scratch
+# arena's call room: no allocation. They ask for no slot mapping (an empty one), which the
+# facade would not read. The workers are append's and admit's own, for the same types.
 
 
 @njit(cache=True, inline="always")
 def _append_one(seq_id, count, arena, scratch):
-    ids = np.full(1, seq_id, dtype=np.int64)
-    counts = np.full(1, count, dtype=np.int64)
-    slots = scratch_slots(scratch)[:1]
-    slot_mapping, cow_src, cow_dst, ok = _append_results(1, min(max(count, 0), 1 << 31))
+    room = call_room(scratch)
+    slots = carve(room, 0, (1,), np.int64)
+    ids = carve(room, 8, (1,), np.int64)
+    counts = carve(room, 16, (1,), np.int64)
+    cow_src = carve(room, 24, (1,), np.int32)
+    cow_dst = carve(room, 28, (1,), np.int32)
+    ok = carve(room, 32, (1,), np.bool_)
+    nothing = carve(room, 40, (0,), np.int64)  # no token ids, no slot mapping
+    ids[0], counts[0], ok[0] = seq_id, count, False
     status, bad, needed, available, num_cow = run_append(
-        ids, counts, np.empty(0, dtype=np.int64), np.bool_(False), np.bool_(True), slots,
-        slot_mapping, cow_src, cow_dst, ok, arena, scratch, scratch,
+        ids, counts, nothing, np.bool_(False), np.bool_(True), slots, nothing, cow_src, cow_dst,
+        ok, arena, scratch, scratch,
     )  # fmt: skip
     if status != ST_OK:
         return status, bad, needed, available, 0, 0, -1, -1, slots[0]
@@ -413,16 +421,25 @@ def _append_one(seq_id, count, arena, scratch):
 
 
 @njit(cache=True)
-def k_append_one(seq_id, count, arena, scratch):
+def k_append_one(seq_id, count, arena_address, arena_nbytes, scratch_address, scratch_nbytes):
     """One sequence grows by ``count`` tokens without ids: returns (status, bad, needed,
     available, blocks before, blocks after, cow_src, cow_dst, slot), -1 for no copy."""
+    arena, scratch = (
+        arena_at(arena_address, arena_nbytes),
+        arena_at(scratch_address, scratch_nbytes),
+    )
     return _append_one(seq_id, count, arena, scratch)
 
 
 @njit(cache=True)
-def k_append_one_keys(seq_id, count, key_start, keys, arena, scratch):
+def k_append_one_keys(seq_id, count, key_start, keys, arena_address, arena_nbytes,
+                      scratch_address, scratch_nbytes):  # fmt: skip
     """``k_append_one``, then ``keys`` registered at table positions ``key_start ..`` (full
     blocks once grown; checked before anything is written)."""
+    arena, scratch = (
+        arena_at(arena_address, arena_nbytes),
+        arena_at(scratch_address, scratch_nbytes),
+    )
     status, bad = check_key_run(seq_id, count, key_start, keys, arena, scratch)
     if status != ST_OK:
         return status, bad, 0, 0, 0, 0, -1, -1, -1
@@ -433,78 +450,80 @@ def k_append_one_keys(seq_id, count, key_start, keys, arena, scratch):
 
 
 @njit(cache=True, inline="always")
-def _one_prompt_buffer(length, arena):
-    """One allocation for every array of a one-prompt admit (ten small allocations were about
-    a third of the call); ``_admit_one`` carves it, the key count goes to bytes 40-47."""
-    block_size = block_size_of(arena)
-    blocks = (length + block_size - 1) // block_size
-    return np.empty(8 * (8 + blocks + length), dtype=np.uint8)
-
-
-@njit(cache=True, inline="always")
-def _admit_one(buffer, tokens_in, length, salt, has_tokens, key_rows, cap, arena, scratch, pool):
-    # The facade passes 1 <= length <= max_seq_len. Only what the facade uses comes back: a
-    # failure is redone by the batched call, which reports it. ``pool`` is the scratch arena,
-    # typed as the batched kernel of the same kind takes it (their workers are shared).
-    block_size = block_size_of(arena)
-    blocks = (length + block_size - 1) // block_size
-    lengths = carve(buffer, 0, (1,), np.int64)
-    salts = carve(buffer, 8, (1,), np.int64)
-    caps = carve(buffer, 16, (1,), np.int64)
-    ids = carve(buffer, 24, (1,), np.int64)
-    cached = carve(buffer, 32, (1,), np.int64)
-    ok = carve(buffer, 48, (1,), np.bool_)
-    no_pairs = carve(buffer, 56, (0,), np.int32)
-    hits = carve(buffer, 64, (blocks,), np.int64)
-    slot_mapping = carve(buffer, 64 + 8 * blocks, (length,), np.int64)
+def _admit_one(tokens_in, length, salt, has_tokens, keys, cap, arena, scratch):
+    # The facade passes 1 <= length <= max_seq_len, so the hits fit the call room. Only what
+    # the facade uses comes back: a failure is redone by the batched call, which reports it.
+    # The workers get the scratch arena for ``pool``, typed as the batched kernel of the same
+    # kind passes it (``with_pages``), so that the two share them.
+    blocks = (length + block_size_of(arena) - 1) // block_size_of(arena)
+    room = call_room(scratch)
+    if 8 * (CALL_ROOM_INPUTS + blocks) > room.shape[0]:
+        return ST_NEED_BUFFERS, -1, 0  # never with the facade's lengths; the batched call runs
+    lengths = carve(room, 0, (1,), np.int64)
+    salts = carve(room, 8, (1,), np.int64)
+    caps = carve(room, 16, (1,), np.int64)
+    ids = carve(room, 24, (1,), np.int64)
+    cached = carve(room, 32, (1,), np.int64)
+    key_counts = carve(room, 40, (1,), np.int64)
+    ok = carve(room, 48, (1,), np.bool_)
+    no_pairs = carve(room, 56, (0,), np.int32)
+    no_slots = carve(room, 56, (0,), np.int64)  # the facade reads no slot mapping
+    hits = carve(room, 8 * CALL_ROOM_INPUTS, (blocks,), np.int64)
     lengths[0], salts[0], caps[0], ids[0], cached[0], ok[0] = length, salt, cap, -1, 0, False
+    key_counts[0] = keys.shape[0]
+    key_rows = (keys, key_counts)
     status, _, _, bound, _ = validate_admit(
         tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, np.bool_(True)
     )
     if status != ST_OK:
         return status, -1, 0
     status, _, _, _, _ = run_admit(
-        tokens_in, lengths, salts, np.bool_(True), bound, ids, cached, slot_mapping, ok, hits,
-        no_pairs, arena, scratch, pool, has_tokens, key_rows, caps,
+        tokens_in, lengths, salts, np.bool_(True), bound, ids, cached, no_slots, ok, hits,
+        no_pairs, arena, scratch, with_pages(scratch), has_tokens, key_rows, caps,
     )  # fmt: skip
     return status, ids[0], cached[0]
 
 
 @njit(cache=True)
-def k_admit_one(tokens_in, salt, cap, arena, scratch):
+def k_admit_one(tokens_in, salt, cap, arena_address, arena_nbytes, scratch_address,
+                scratch_nbytes):  # fmt: skip
     """One prompt with token ids (a manager without engine keys): returns (status, id, cached
     tokens). It passes no keys the way ``k_admit_keys`` takes them, so the two share their
     compiled workers (the token hashes find the hits)."""
-    length = tokens_in.shape[0]
-    buffer = _one_prompt_buffer(length, arena)
-    key_counts = carve(buffer, 40, (1,), np.int64)
-    key_counts[0] = 0
-    no_keys = carve(buffer, 0, (0, 4), np.uint64)[::1]  # layout "A", as the keyed kernels'
+    arena, scratch = (
+        arena_at(arena_address, arena_nbytes),
+        arena_at(scratch_address, scratch_nbytes),
+    )
+    no_keys = carve(call_room(scratch), 0, (0, 4), np.uint64)[::1]  # layout "A", as keys are
     return _admit_one(
-        buffer, tokens_in, length, salt, np.bool_(True), (no_keys, key_counts), cap, arena,
-        scratch, with_pages(scratch),
-    )  # fmt: skip
+        tokens_in, tokens_in.shape[0], salt, np.bool_(True), no_keys, cap, arena, scratch
+    )
 
 
 @njit(cache=True)
-def k_admit_one_keys(length, salt, keys, cap, arena, scratch):
+def k_admit_one_keys(length, salt, keys, cap, arena_address, arena_nbytes, scratch_address,
+                     scratch_nbytes):  # fmt: skip
     """One prompt with engine keys and no token ids (all of ``keys`` belong to it): returns
     (status, id, cached tokens). ``keys`` may be strided; keys not of 4 words are refused."""
     if keys.shape[1] != 4:
         return ST_BAD_KEY_COUNT, -1, 0
-    buffer = _one_prompt_buffer(length, arena)
-    key_counts = carve(buffer, 40, (1,), np.int64)
-    key_counts[0] = keys.shape[0]
-    return _admit_one(
-        buffer, np.empty(0, dtype=np.int64), length, salt, np.bool_(False), (keys, key_counts),
-        cap, arena, scratch, with_pages(scratch),
-    )  # fmt: skip
+    arena, scratch = (
+        arena_at(arena_address, arena_nbytes),
+        arena_at(scratch_address, scratch_nbytes),
+    )
+    no_tokens = carve(call_room(scratch), 0, (0,), np.int64)
+    return _admit_one(no_tokens, length, salt, np.bool_(False), keys, cap, arena, scratch)
 
 
 @njit(cache=True)
-def k_lookup_one_keys(length, salt, keys, cap, arena, scratch):
+def k_lookup_one_keys(length, salt, keys, cap, arena_address, arena_nbytes, scratch_address,
+                      scratch_nbytes):  # fmt: skip
     """``lookup`` of one prompt with engine keys and no token ids: returns (status, bad, hit
     blocks)."""
+    arena, scratch = (
+        arena_at(arena_address, arena_nbytes),
+        arena_at(scratch_address, scratch_nbytes),
+    )
     lengths = np.full(1, length, dtype=np.int64)
     salts = np.full(1, salt, dtype=np.int64)
     caps = np.full(1, cap, dtype=np.int64)
