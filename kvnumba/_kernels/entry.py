@@ -396,6 +396,12 @@ def k_check_paged(arena, scratch, pool):
 
 
 @njit(cache=True, inline="always")
+def _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes):
+    """The two arenas of a one-request call, which passes each as address and size."""
+    return arena_at(arena_address, arena_nbytes), arena_at(scratch_address, scratch_nbytes)
+
+
+@njit(cache=True, inline="always")
 def _append_one(seq_id, count, arena, scratch):
     room = call_room(scratch)
     slots = carve(room, 0, (1,), np.int64)
@@ -424,10 +430,7 @@ def _append_one(seq_id, count, arena, scratch):
 def k_append_one(seq_id, count, arena_address, arena_nbytes, scratch_address, scratch_nbytes):
     """One sequence grows by ``count`` tokens without ids: returns (status, bad, needed,
     available, blocks before, blocks after, cow_src, cow_dst, slot), -1 for no copy."""
-    arena, scratch = (
-        arena_at(arena_address, arena_nbytes),
-        arena_at(scratch_address, scratch_nbytes),
-    )
+    arena, scratch = _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes)
     return _append_one(seq_id, count, arena, scratch)
 
 
@@ -436,10 +439,7 @@ def k_append_one_keys(seq_id, count, key_start, keys, arena_address, arena_nbyte
                       scratch_address, scratch_nbytes):  # fmt: skip
     """``k_append_one``, then ``keys`` registered at table positions ``key_start ..`` (full
     blocks once grown; checked before anything is written)."""
-    arena, scratch = (
-        arena_at(arena_address, arena_nbytes),
-        arena_at(scratch_address, scratch_nbytes),
-    )
+    arena, scratch = _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes)
     status, bad = check_key_run(seq_id, count, key_start, keys, arena, scratch)
     if status != ST_OK:
         return status, bad, 0, 0, 0, 0, -1, -1, -1
@@ -490,10 +490,7 @@ def k_admit_one(tokens_in, salt, cap, arena_address, arena_nbytes, scratch_addre
     """One prompt with token ids (a manager without engine keys): returns (status, id, cached
     tokens). It passes no keys the way ``k_admit_keys`` takes them, so the two share their
     compiled workers (the token hashes find the hits)."""
-    arena, scratch = (
-        arena_at(arena_address, arena_nbytes),
-        arena_at(scratch_address, scratch_nbytes),
-    )
+    arena, scratch = _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes)
     no_keys = carve(call_room(scratch), 0, (0, 4), np.uint64)[::1]  # layout "A", as keys are
     return _admit_one(
         tokens_in, tokens_in.shape[0], salt, np.bool_(True), no_keys, cap, arena, scratch
@@ -507,10 +504,7 @@ def k_admit_one_keys(length, salt, keys, cap, arena_address, arena_nbytes, scrat
     (status, id, cached tokens). ``keys`` may be strided; keys not of 4 words are refused."""
     if keys.shape[1] != 4:
         return ST_BAD_KEY_COUNT, -1, 0
-    arena, scratch = (
-        arena_at(arena_address, arena_nbytes),
-        arena_at(scratch_address, scratch_nbytes),
-    )
+    arena, scratch = _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes)
     no_tokens = carve(call_room(scratch), 0, (0,), np.int64)
     return _admit_one(no_tokens, length, salt, np.bool_(False), keys, cap, arena, scratch)
 
@@ -520,10 +514,7 @@ def k_lookup_one_keys(length, salt, keys, cap, arena_address, arena_nbytes, scra
                       scratch_nbytes):  # fmt: skip
     """``lookup`` of one prompt with engine keys and no token ids: returns (status, bad, hit
     blocks)."""
-    arena, scratch = (
-        arena_at(arena_address, arena_nbytes),
-        arena_at(scratch_address, scratch_nbytes),
-    )
+    arena, scratch = _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes)
     lengths = np.full(1, length, dtype=np.int64)
     salts = np.full(1, salt, dtype=np.int64)
     caps = np.full(1, cap, dtype=np.int64)
