@@ -142,7 +142,38 @@ def test_bench_quick_json_exits_zero():
     assert names == list(workloads.standard(quick=True))
     for row in doc["workloads"]:
         assert row["kvnumba"]["median_ns"] > 0 and row["reference"]["median_ns"] > 0
-    assert {b["budget"] for b in doc["budgets"]} >= {"W-decode time per step"}
+    assert {b["budget"] for b in doc["budgets"]} >= {
+        "W-decode time per step",
+        "1-request admit (8 hits)",
+        "1-request append",
+    }
+    engine = doc["engine"]
+    assert engine["agree"] and engine["kvnumba"]["calls"] == engine["reference"]["calls"]
+    # The cached prompt's 8 full blocks are hits; one token goes into the partial ninth block.
+    assert engine["kvnumba"]["outcome"]["cached_tokens"] == 128
+    assert engine["kvnumba"]["outcome"]["append"] == [9, 9, -1, -1]
+
+
+def test_bench_engine_alone_runs_no_workload(capsys):
+    from kvnumba.bench.cli import main
+
+    assert main(["--workload", "engine", "--repeat", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["workloads"] == [] and doc["engine"]["agree"]
+    assert [b["budget"] for b in doc["budgets"]] == ["1-request admit (8 hits)", "1-request append"]
+
+
+def test_bench_engine_disagreement_fails_the_command(monkeypatch, capsys):
+    from kvnumba.bench import cli
+
+    class Forgetful(ReferenceBlockManager):
+        def admit_one(self, *args, **kwargs):
+            seq, _ = super().admit_one(*args, **kwargs)
+            return seq, 0  # claims to have reused nothing
+
+    monkeypatch.setattr(cli, "_load_impl", lambda name: Forgetful)
+    assert cli.main(["--workload", "engine", "--repeat", "1"]) == cli.EXIT_DISAGREE
+    assert "agree NO" in capsys.readouterr().out
 
 
 def test_bench_rejects_unknown_workload(capsys):

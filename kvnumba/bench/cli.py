@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from kvnumba.bench import runner, workloads
+from kvnumba.bench import one_request, runner, workloads
 
 EXIT_DISAGREE = 1
 EXIT_USAGE = 2
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME",
         help="run only this workload (repeatable): decode, fork, fork-nofork, churn, micro "
-        "(all micro-K) or micro-K",
+        "(all micro-K), micro-K or engine (one request per call: admit_one, append_one)",
     )
     p.add_argument(
         "--repeat",
@@ -87,7 +87,22 @@ def _row(wl: workloads.Workload, fast: runner.RunResult, ref: runner.RunResult) 
     return row
 
 
-def _budgets(rows: dict[str, dict]) -> list[dict]:
+def _engine(fast_cls, repeat: int) -> dict:
+    """The engine path (:mod:`kvnumba.bench.one_request`) on both implementations."""
+    from kvnumba.reference import ReferenceBlockManager
+
+    fast = one_request.measure(fast_cls, repeat)
+    ref = one_request.measure(ReferenceBlockManager, repeat)
+    return {
+        "kvnumba": fast,
+        "reference": ref,
+        "ratio_admit_one": ref["admit_one_ns"] / fast["admit_one_ns"],
+        "ratio_append_one": ref["append_one_ns"] / fast["append_one_ns"],
+        "agree": fast["outcome"] == ref["outcome"],
+    }
+
+
+def _budgets(rows: dict[str, dict], engine: dict | None = None) -> list[dict]:
     """The performance budgets that the measured workloads speak to."""
     out = []
 
@@ -118,6 +133,10 @@ def _budgets(rows: dict[str, dict]) -> list[dict]:
         kv = rows["micro-1"]["kvnumba"]
         budget("1-sequence append call", kv["alloc_us_per_call"], 3, "us")
         budget("1-sequence release call", kv["free_us_per_call"], 3, "us")
+    if engine is not None:
+        kv = engine["kvnumba"]
+        budget("1-request admit (8 hits)", kv["admit_one_ns"] / 1e3, 1, "us")
+        budget("1-request append", kv["append_one_ns"] / 1e3, 1, "us")
     return out
 
 
@@ -155,6 +174,16 @@ def _print_table(doc: dict) -> None:
                 f"{ref['alloc_ns_per_block']:8.1f}   free {kv['free_ns_per_block']:8.1f} / "
                 f"{ref['free_ns_per_block']:8.1f}"
             )
+    engine = doc.get("engine")
+    if engine is not None:
+        kv, ref = engine["kvnumba"], engine["reference"]
+        print("\nengine path, one request per call, ns per call (kvnumba / reference)")
+        print(
+            f"  admit_one (8 hits) {kv['admit_one_ns']:8.0f} / {ref['admit_one_ns']:8.0f}"
+            f"  {engine['ratio_admit_one']:6.1f}x   append_one {kv['append_one_ns']:6.0f} / "
+            f"{ref['append_one_ns']:6.0f}  {engine['ratio_append_one']:6.1f}x   "
+            f"agree {'yes' if engine['agree'] else 'NO'}"
+        )
     if doc["budgets"]:
         note = " (quick run: indicative only)" if doc["quick"] else ""
         print(f"\nperformance budgets{note}")
@@ -193,8 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = _parser().parse_args([] if argv is None else argv)
     available = workloads.standard(quick=args.quick)
+    # "engine" is not a replayed workload: the one-request calls are timed on their own.
+    engine = args.workload is None or "engine" in args.workload
+    others = None if args.workload is None else [n for n in args.workload if n != "engine"]
     try:
-        names = _select(args.workload, available)
+        names = _select(others, available) if others != [] else []
     except ValueError as exc:
         print(f"kvnumba bench: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -216,13 +248,19 @@ def main(argv: list[str] | None = None) -> int:
         fast = runner.run(wl, fast_cls, repeat=repeat, impl=args.impl)
         ref = runner.run(wl, ReferenceBlockManager, repeat=repeat, impl="reference")
         rows[name] = _row(wl, fast, ref)
+    engine_doc = None
+    if engine:
+        print("running engine (one request per call) ...", file=sys.stderr, flush=True)
+        engine_doc = _engine(fast_cls, repeat)
     doc = {
         "quick": args.quick,
         "repeat": repeat,
         "impl": args.impl,
         "workloads": list(rows.values()),
-        "budgets": _budgets(rows),
-        "agree": all(r["agree"] for r in rows.values()),
+        "engine": engine_doc,
+        "budgets": _budgets(rows, engine_doc),
+        "agree": all(r["agree"] for r in rows.values())
+        and (engine_doc is None or engine_doc["agree"]),
     }
     if args.json:
         print(json.dumps(doc, indent=2))
