@@ -75,8 +75,9 @@ S_SAVED_PAYLOAD = 8  # S_EV_PAYLOAD before a logged give-up switched it on
 S_SHORT = 9  # blocks a failed call lacked at its failure point (what sibling reclaim must add)
 S_EVT_N = 10  # block events recorded and not yet collected by the facade (rows of ``evt``)
 SCR_SIZE = 16
-#: int64 words of a one-request call's inputs and outputs before its hits in the scratch
-#: ``slots`` field (``entry._admit_one``), which holds them and a sequence's worth of hits.
+#: int64 words of a one-request call's inputs and outputs before its hits or slots in the
+#: scratch ``slots`` field, which holds them and a sequence's worth of hits (``admit_one``) or
+#: more than a block's slots (``append_one``).
 CALL_ROOM_INPUTS = 8
 
 
@@ -390,7 +391,9 @@ def scratch_dims(
         "payload_rows": rows if payload else 0,
         "block_size": block_size,
         "seqs": max_seqs,
-        "call_room": max(max_seqs, blocks_per_seq + CALL_ROOM_INPUTS),
+        "call_room": max(
+            max_seqs, blocks_per_seq + CALL_ROOM_INPUTS, block_size + CALL_ROOM_INPUTS
+        ),
         "scr": SCR_SIZE,
         "meta": META_SIZE,
         "pages": num_pages,

@@ -225,6 +225,24 @@ def test_one_request_calls_of_the_longest_prompt_with_one_sequence_slot(keyed):
         assert np.array_equal(x, y)
 
 
+def test_append_one_longer_than_its_call_room_matches_append():
+    # append_one carves its slot mapping from the call room (72 words here) when it fits; an
+    # append of more tokens runs with none. Both must do what the batched append does.
+    def make():
+        return kvnumba.BlockManager(80, 4, max_seqs=1, max_seq_len=256)
+
+    one, batched = make(), make()
+    assert one._x["slots"].shape[0] == 64 + CALL_ROOM_INPUTS
+    a, b = one.new_sequences(1)[0], batched.new_sequences(1)[0]
+    for count in (3, 66, 67, 120):  # 3 + 66 slots fit the room; 67 and 120 do not
+        got = one.append_one(int(a), count)
+        batched.append([b], [count])
+        length = int(batched.seq_lens([b])[0])
+        assert got == (-(-(length - count) // 4), -(-length // 4), -1, -1)
+        one.check()
+        _same_state(one, batched)
+
+
 def test_table_row_is_a_live_read_only_view():
     m = kvnumba.BlockManager(16, 4, max_seqs=4, max_seq_len=32)
     seq, _ = m.admit_one(np.arange(5))

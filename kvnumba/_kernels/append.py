@@ -102,7 +102,7 @@ def append_tokens(
             num_cow += 1
     # Fill block by block: one take per new block, then a tight loop over its new slots.
     logging = v.scr[S_LOG_ON] != 0
-    wants_slots = slot_mapping.shape[0] != 0  # empty: a one-request call, which reads none
+    wants_slots = slot_mapping.shape[0] != 0  # empty: a one-request call reads none
     done = 0
     while done < count:
         p = length + done
@@ -182,7 +182,8 @@ def append_in_block(v, slot, count, src, src_offset, has_tokens, slot_mapping, o
     unshared tail block, or into one block off the free stack. Returns False, having changed
     nothing, for anything else (several blocks, a shared tail, a block completed with token
     ids, which registers it, an empty free stack or a logged call): :func:`append_general`
-    does those, with the same outcome.
+    does those, with the same outcome. It writes its slots unconditionally (the hot path):
+    every caller's ``slot_mapping`` holds them when all ``count`` tokens fit in a block.
     """
     meta = v.meta
     block_size = v.tokens.shape[1]
@@ -207,10 +208,9 @@ def append_in_block(v, slot, count, src, src_offset, has_tokens, slot_mapping, o
             return False
         if not has_tokens and v.block_flags[b] & F_KNOWN:
             v.block_flags[b] = v.block_flags[b] ^ F_KNOWN
-    if slot_mapping.shape[0] != 0:  # empty: a one-request call, which reads no slots
-        first_slot = b * block_size + fill
-        for j in range(count):
-            slot_mapping[out_offset + j] = first_slot + j
+    first_slot = b * block_size + fill
+    for j in range(count):
+        slot_mapping[out_offset + j] = first_slot + j
     if has_tokens:
         for j in range(count):
             v.tokens[b, fill + j] = src[src_offset + j]

@@ -410,11 +410,17 @@ def _append_one(seq_id, count, arena, scratch):
     cow_src = carve(room, 24, (1,), np.int32)
     cow_dst = carve(room, 28, (1,), np.int32)
     ok = carve(room, 32, (1,), np.bool_)
-    nothing = carve(room, 40, (0,), np.int64)  # no token ids, no slot mapping
+    no_tokens = carve(room, 40, (0,), np.int64)
+    # The slots go to the rest of the room when they fit, which they do whenever the append
+    # can stay within one block (the room holds more than block_size slots): the in-block
+    # path writes them unconditionally. A longer append gets an empty slot mapping, which the
+    # general path leaves unwritten.
+    fits = 0 <= count <= room.shape[0] // 8 - 6
+    slot_mapping = carve(room, 48, (count if fits else 0,), np.int64)
     ids[0], counts[0], ok[0] = seq_id, count, False
     status, bad, needed, available, num_cow = run_append(
-        ids, counts, nothing, np.bool_(False), np.bool_(True), slots, nothing, cow_src, cow_dst,
-        ok, arena, scratch, scratch,
+        ids, counts, no_tokens, np.bool_(False), np.bool_(True), slots, slot_mapping, cow_src,
+        cow_dst, ok, arena, scratch, scratch,
     )  # fmt: skip
     if status != ST_OK:
         return status, bad, needed, available, 0, 0, -1, -1, slots[0]
