@@ -285,7 +285,7 @@ class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
                 on_evict is not None,
                 num_pages,
                 event_rows,
-            ),  # fmt: skip
+            ),
         )
         check_state_bytes(
             state + scratch,
