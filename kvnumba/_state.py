@@ -79,6 +79,9 @@ SCR_SIZE = 16
 #: scratch ``slots`` field, which holds them and a sequence's worth of hits (``admit_one``) or
 #: more than a block's slots (``append_one``).
 CALL_ROOM_INPUTS = 8
+#: Most hits the call room holds: a longer prompt's ``admit_one`` takes the batched path, so
+#: that absurd sequence lengths do not double the scratch arena.
+CALL_ROOM_MAX_HITS = 1 << 16
 
 
 # --- the field tables: the one description of the arenas' layout ---------------------------------
@@ -392,7 +395,9 @@ def scratch_dims(
         "block_size": block_size,
         "seqs": max_seqs,
         "call_room": max(
-            max_seqs, blocks_per_seq + CALL_ROOM_INPUTS, block_size + CALL_ROOM_INPUTS
+            max_seqs,
+            min(blocks_per_seq, CALL_ROOM_MAX_HITS) + CALL_ROOM_INPUTS,
+            block_size + CALL_ROOM_INPUTS,
         ),
         "scr": SCR_SIZE,
         "meta": META_SIZE,

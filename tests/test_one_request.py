@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import kvnumba
 from kvnumba import PagePool, PoolExhausted, SequenceReleased, SequenceTooLong
 from kvnumba._ids import ID_TAG_SHIFT
-from kvnumba._state import CALL_ROOM_INPUTS, M_ID_TAG
+from kvnumba._state import CALL_ROOM_INPUTS, CALL_ROOM_MAX_HITS, M_ID_TAG
 
 
 def _key(i):
@@ -223,6 +223,28 @@ def test_one_request_calls_of_the_longest_prompt_with_one_sequence_slot(keyed):
         batched.release(r.ids)
     for x, y in zip(one.take_events(), batched.take_events(), strict=True):
         assert np.array_equal(x, y)
+
+
+def test_admit_one_of_more_blocks_than_the_call_room_holds_takes_the_batched_path():
+    # The call room holds at most CALL_ROOM_MAX_HITS hits (absurd sequence lengths must not
+    # double the scratch arena); a longer prompt is admitted by the batched call.
+    blocks = CALL_ROOM_MAX_HITS + 10
+
+    def make():
+        return kvnumba.BlockManager(blocks + 1, 1, max_seqs=1, max_seq_len=blocks)
+
+    one, batched = make(), make()
+    assert one._x["slots"].shape[0] == CALL_ROOM_MAX_HITS + CALL_ROOM_INPUTS
+    tokens = np.arange(blocks, dtype=np.int64) % 5
+    for round_ in range(2):  # the second admit reuses all but the last block
+        got = one.admit_one(tokens)
+        r = batched.admit(tokens, [blocks])
+        assert _untagged(got) == _untagged((int(r.ids[0]), int(r.num_cached_tokens[0])))
+        assert got[1] == (0 if round_ == 0 else blocks - 1)
+        one.check()
+        _same_state(one, batched)
+        one.release([got[0]])
+        batched.release(r.ids)
 
 
 def test_append_one_longer_than_its_call_room_matches_append():

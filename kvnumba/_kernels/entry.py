@@ -457,14 +457,15 @@ def k_append_one_keys(seq_id, count, key_start, keys, arena_address, arena_nbyte
 
 @njit(cache=True, inline="always")
 def _admit_one(tokens_in, length, salt, has_tokens, keys, cap, arena, scratch):
-    # The facade passes 1 <= length <= max_seq_len, so the hits fit the call room. Only what
-    # the facade uses comes back: a failure is redone by the batched call, which reports it.
+    # A prompt's hits fit the call room unless it has more than CALL_ROOM_MAX_HITS blocks (then
+    # the batched call runs). Only what the facade uses comes back: a failure is redone by the
+    # batched call, which reports it.
     # The workers get the scratch arena for ``pool``, typed as the batched kernel of the same
     # kind passes it (``with_pages``), so that the two share them.
     blocks = (length + block_size_of(arena) - 1) // block_size_of(arena)
     room = call_room(scratch)
     if 8 * (CALL_ROOM_INPUTS + blocks) > room.shape[0]:
-        return ST_NEED_BUFFERS, -1, 0  # never with the facade's lengths; the batched call runs
+        return ST_NEED_BUFFERS, -1, 0
     lengths = carve(room, 0, (1,), np.int64)
     salts = carve(room, 8, (1,), np.int64)
     caps = carve(room, 16, (1,), np.int64)
