@@ -75,10 +75,12 @@ S_SAVED_PAYLOAD = 8  # S_EV_PAYLOAD before a logged give-up switched it on
 S_SHORT = 9  # blocks a failed call lacked at its failure point (what sibling reclaim must add)
 S_EVT_N = 10  # block events recorded and not yet collected by the facade (rows of ``evt``)
 SCR_SIZE = 16
-#: int64 words of a one-request call's inputs and outputs before its hits or slots in the
-#: scratch ``slots`` field, which holds them and a sequence's worth of hits (``admit_one``) or
-#: more than a block's slots (``append_one``).
+#: int64 words of ``admit_one``'s inputs and outputs before its hits in the scratch ``slots``
+#: field (the "call room"), which holds them and a sequence's worth of hits.
 CALL_ROOM_INPUTS = 8
+#: int64 words of ``append_one``'s inputs and outputs before its slots (up to a block's) in
+#: the call room, which is at least ``block_size + CALL_ROOM_INPUTS`` words.
+APPEND_ONE_INPUTS = 6
 #: Most hits the call room holds: a longer prompt's ``admit_one`` takes the batched path, so
 #: that absurd sequence lengths do not double the scratch arena.
 CALL_ROOM_MAX_HITS = 1 << 16

@@ -60,6 +60,15 @@ _new_admit_result = AdmitResult._make
 _KERNELS: dict = {}  # entry kernel name -> compiled entry point, shared by all managers
 
 
+# A copy would share nothing sound: the state views alias one arena, and the one-request calls
+# hold the arenas' addresses (``_one_args``), which a copy would carry over to memory it does
+# not own.
+_NOT_COPYABLE = (
+    "a BlockManager cannot be copied; snapshot() copies its state arrays, and a new manager "
+    "replays the calls that built it"
+)
+
+
 def _bind_kernels(manager, paged: bool) -> None:
     """Give ``manager`` an attribute ``_<name>`` per entry kernel.
 
@@ -339,6 +348,12 @@ class BlockManager(PagedCalls, EngineKeyCalls, OneRequestCalls):
             undo_log_rows(int(blocks), int(prompts), self._k, self._num_pages),
         )
         self._new_scratch(rows, log_rows, payload=bool(blocks))
+
+    def __copy__(self):
+        raise TypeError(_NOT_COPYABLE)
+
+    def __deepcopy__(self, memo):
+        raise TypeError(_NOT_COPYABLE)
 
     def __repr__(self) -> str:
         meta = self._s.meta

@@ -2,6 +2,7 @@
 batched calls do (twin managers end byte-identical), raise the same typed errors and change
 nothing when they fail."""
 
+import copy
 import hashlib
 
 import numpy as np
@@ -196,27 +197,55 @@ def test_admit_one_takes_strided_keys_and_refuses_keys_of_another_shape():
     a.check()
 
 
+def _batched_refused(manager, *names):
+    """Make ``manager``'s batched ``names`` raise: a one-request call must then not fall back."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the batched call ran")
+
+    for name in names:
+        setattr(manager, name, refuse)
+
+
+def _batched_spied(manager, name):
+    """Count ``manager``'s batched ``name`` calls (a one-request call that falls back)."""
+    calls = []
+    original = getattr(manager, name)
+
+    def spy(*args, **kwargs):
+        calls.append(name)
+        return original(*args, **kwargs)
+
+    setattr(manager, name, spy)
+    return calls
+
+
 @pytest.mark.parametrize("keyed", [False, True])
-def test_one_request_calls_of_the_longest_prompt_with_one_sequence_slot(keyed):
+@pytest.mark.parametrize("length", [250, 256])
+def test_one_request_calls_of_the_longest_prompt_with_one_sequence_slot(keyed, length):
     # The one-request kernels carve their inputs and a sequence's worth of hits out of the
     # scratch ``slots`` field, sized for max_seqs ids: with one sequence slot and 64 blocks per
-    # sequence the field must still hold the longest prompt's hits.
+    # sequence the field must still hold the longest prompt's hits (256 tokens: exactly full).
     def make():
         return kvnumba.BlockManager(
             200, 4, max_seqs=1, max_seq_len=256, block_keys=keyed, block_events=True
         )
 
     one, batched = make(), make()
-    assert one._x["slots"].shape[0] >= 64 + CALL_ROOM_INPUTS
-    tokens = np.arange(250, dtype=np.int64) % 11
-    keys = KEYS[:62] if keyed else None
-    for round_ in range(3):  # a cold prompt, then twice with all 62 full blocks cached
-        got = one.admit_one(None if keyed else tokens, length=250, keys=keys)
-        r = batched.admit(None if keyed else tokens, [250], keys=keys)
+    assert one._x["slots"].shape[0] == 64 + CALL_ROOM_INPUTS
+    _batched_refused(one, "admit", "append")  # the fast path must serve every call
+    tokens = np.arange(length, dtype=np.int64) % 11
+    full = length // 4
+    keys = KEYS[:full] if keyed else None
+    for round_ in range(3):  # a cold prompt, then twice with its full blocks cached
+        got = one.admit_one(None if keyed else tokens, length=length, keys=keys)
+        r = batched.admit(None if keyed else tokens, [length], keys=keys)
         assert _untagged(got) == _untagged((int(r.ids[0]), int(r.num_cached_tokens[0])))
-        assert got[1] == (0 if round_ == 0 else 248)
-        assert one.append_one(got[0], 6) == (63, 64, -1, -1)  # up to max_seq_len
-        batched.append(r.ids, [6])
+        # The last prompt token is always computed: a whole last block is not reused.
+        assert got[1] == (0 if round_ == 0 else 4 * ((length - 1) // 4))
+        if length < 256:
+            assert one.append_one(got[0], 6) == (63, 64, -1, -1)  # up to max_seq_len
+            batched.append(r.ids, [6])
         one.check()
         _same_state(one, batched)
         one.release([got[0]])
@@ -235,6 +264,7 @@ def test_admit_one_of_more_blocks_than_the_call_room_holds_takes_the_batched_pat
 
     one, batched = make(), make()
     assert one._x["slots"].shape[0] == CALL_ROOM_MAX_HITS + CALL_ROOM_INPUTS
+    fallbacks = _batched_spied(one, "admit")
     tokens = np.arange(blocks, dtype=np.int64) % 5
     for round_ in range(2):  # the second admit reuses all but the last block
         got = one.admit_one(tokens)
@@ -245,24 +275,52 @@ def test_admit_one_of_more_blocks_than_the_call_room_holds_takes_the_batched_pat
         _same_state(one, batched)
         one.release([got[0]])
         batched.release(r.ids)
+    assert fallbacks == ["admit", "admit"]
+    assert one.admit_one(tokens[:CALL_ROOM_MAX_HITS])[1] == CALL_ROOM_MAX_HITS - 1
+    assert fallbacks == ["admit", "admit"]  # a prompt that fits the room: no fallback
 
 
-def test_append_one_longer_than_its_call_room_matches_append():
-    # append_one carves its slot mapping from the call room (72 words here) when it fits; an
-    # append of more tokens runs with none. Both must do what the batched append does.
+def test_append_one_beyond_a_block_runs_without_slots_and_matches_append():
+    # append_one carves a slot mapping from the call room for at most block_size tokens; a
+    # longer append runs with none. Both must do what the batched append does.
     def make():
         return kvnumba.BlockManager(80, 4, max_seqs=1, max_seq_len=256)
 
     one, batched = make(), make()
-    assert one._x["slots"].shape[0] == 64 + CALL_ROOM_INPUTS
+    _batched_refused(one, "append")
     a, b = one.new_sequences(1)[0], batched.new_sequences(1)[0]
-    for count in (3, 66, 67, 120):  # 3 + 66 slots fit the room; 67 and 120 do not
+    for count in (3, 1, 4, 66, 67, 115):  # in the tail, filling it, a fresh block; longer
         got = one.append_one(int(a), count)
         batched.append([b], [count])
         length = int(batched.seq_lens([b])[0])
         assert got == (-(-(length - count) // 4), -(-length // 4), -1, -1)
         one.check()
         _same_state(one, batched)
+
+
+def test_append_one_of_a_whole_block_bigger_than_a_sequence_of_blocks():
+    # Blocks of 64 tokens, one block per sequence: the room is block_size + 8 words (its
+    # blocks_per_seq and max_seqs terms are smaller), enough for the in-block path's 64 slots.
+    def make():
+        return kvnumba.BlockManager(8, 64, max_seqs=1, max_seq_len=64)
+
+    one, batched = make(), make()
+    assert one._x["slots"].shape[0] == 64 + CALL_ROOM_INPUTS
+    _batched_refused(one, "append")
+    a, b = one.new_sequences(1)[0], batched.new_sequences(1)[0]
+    assert one.append_one(int(a), 64) == (0, 1, -1, -1)
+    batched.append([b], [64])
+    one.check()
+    _same_state(one, batched)
+
+
+def test_a_manager_cannot_be_copied():
+    # A copy would carry the arenas' addresses (the one-request calls') to memory it does not
+    # own, and its state views would no longer alias its arena.
+    m = kvnumba.BlockManager(8, 4)
+    for copier in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="snapshot"):
+            copier(m)
 
 
 def test_table_row_is_a_live_read_only_view():

@@ -179,7 +179,7 @@ def run_admit(
     """Admit validated prompts; returns (status, failing prompt, needed, available, slots used).
 
     ``ids`` arrives filled with -1 and ``num_cached_tokens`` with 0; every entry of
-    ``slot_mapping`` up to the returned count is written;
+    ``slot_mapping`` up to the returned count is written (none of an empty one: ``admit_one``);
     ``hits`` has room for one sequence's blocks. ``key_rows`` is None or (keys, key_counts)
     with engine keys; ``caps`` None or the per-prompt caps on hit blocks.
     """

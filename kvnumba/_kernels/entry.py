@@ -40,7 +40,7 @@ from kvnumba._kernels.sequences import (
 )
 from kvnumba._kernels.trim import commit_give_up, run_give_up
 from kvnumba._kernels.views import block_size_of, call_room, scratch_slots
-from kvnumba._state import CALL_ROOM_INPUTS
+from kvnumba._state import APPEND_ONE_INPUTS, CALL_ROOM_INPUTS
 from kvnumba.errors import ST_BAD_KEY_COUNT, ST_NEED_BUFFERS, ST_OK
 
 #: Positions of the outcome of a state-changing entry kernel (a tuple: boxing a named tuple
@@ -390,9 +390,9 @@ def k_check_paged(arena, scratch, pool):
 # --- one request at a time (engines that call the manager once per request) -------------------
 # Scalars in, scalars out: each array argument or result costs about 150 ns at the boundary, so
 # these take the arenas as addresses and sizes (``arena_at``), the keys of a keyed prompt as the
-# only array, and carve their one-element inputs, outputs and cache hits out of the scratch
-# arena's call room: no allocation. They ask for no slot mapping (an empty one), which the
-# facade would not read. The workers are append's and admit's own, for the same types.
+# only array, and (but for ``lookup_one``, which returns its hits) carve their one-element
+# inputs, outputs and cache hits or slots out of the scratch arena's call room: no allocation.
+# The workers are append's and admit's own, for the same types.
 
 
 @njit(cache=True, inline="always")
@@ -410,13 +410,12 @@ def _append_one(seq_id, count, arena, scratch):
     cow_src = carve(room, 24, (1,), np.int32)
     cow_dst = carve(room, 28, (1,), np.int32)
     ok = carve(room, 32, (1,), np.bool_)
-    no_tokens = carve(room, 40, (0,), np.int64)
-    # The slots go to the rest of the room when they fit, which they do whenever the append
-    # can stay within one block (the room holds more than block_size slots): the in-block
-    # path writes them unconditionally. A longer append gets an empty slot mapping, which the
-    # general path leaves unwritten.
-    fits = 0 <= count <= room.shape[0] // 8 - 6
-    slot_mapping = carve(room, 48, (count if fits else 0,), np.int64)
+    no_tokens = carve(room, 40, (0,), np.int64)  # words 0-5: APPEND_ONE_INPUTS
+    # An append that may stay within one block gets its slots in the room (at least
+    # block_size + 8 words): the in-block path writes them unconditionally. A longer one gets
+    # an empty slot mapping, which the general path leaves unwritten.
+    within_a_block = 0 <= count <= block_size_of(arena)
+    slot_mapping = carve(room, 8 * APPEND_ONE_INPUTS, (count if within_a_block else 0,), np.int64)
     ids[0], counts[0], ok[0] = seq_id, count, False
     status, bad, needed, available, num_cow = run_append(
         ids, counts, no_tokens, np.bool_(False), np.bool_(True), slots, slot_mapping, cow_src,
