@@ -26,6 +26,7 @@ from kvnumba._kernels.append import append_need, run_append
 from kvnumba._kernels.carve import arena_at, carve
 from kvnumba._kernels.check import check
 from kvnumba._kernels.engine import run_evict, run_reset_prefix_cache, run_truncate
+from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.keys import check_key_run, register_key_run, run_set_keys
 from kvnumba._kernels.rollback import undo_failed_call
 from kvnumba._kernels.sequences import (
@@ -424,8 +425,8 @@ def _append_one(seq_id, count, arena, scratch):
     if status != ST_OK:
         return status, bad, needed, available, 0, 0, -1, -1, slots[0]
     length, block_size = length_and_block_size(slots[0], arena, scratch)
-    after = (length + block_size - 1) // block_size
-    before = (length - count + block_size - 1) // block_size
+    after = blocks_of(length, block_size)
+    before = blocks_of(length - count, block_size)
     if num_cow > 0:
         return status, bad, needed, available, before, after, cow_src[0], cow_dst[0], slots[0]
     return status, bad, needed, available, before, after, -1, -1, slots[0]
@@ -461,7 +462,7 @@ def _admit_one(tokens_in, length, salt, has_tokens, keys, cap, arena, scratch):
     # batched call, which reports it.
     # The workers get the scratch arena for ``pool``, typed as the batched kernel of the same
     # kind passes it (``with_pages``), so that the two share them.
-    blocks = (length + block_size_of(arena) - 1) // block_size_of(arena)
+    blocks = blocks_of(length, block_size_of(arena))
     room = call_room(scratch)
     if 8 * (CALL_ROOM_INPUTS + blocks) > room.shape[0]:
         return ST_NEED_BUFFERS, -1, 0

@@ -127,6 +127,15 @@ _SLOTS = [f.name for f in SCRATCH_FIELDS].index("slots")
 
 
 @njit(cache=True, inline="always")
+def call_room(scratch):
+    """The scratch ``slots`` field as bytes: where a one-request call carves its inputs, its
+    outputs and its cache hits (``CALL_ROOM_INPUTS`` words, then a sequence's worth of blocks),
+    so that it allocates nothing."""
+    offset = header_entry(scratch, _SLOTS, H_OFFSET)
+    return carve(scratch, offset, (header_entry(scratch, _SLOTS, H_NBYTES),), np.uint8)
+
+
+@njit(cache=True, inline="always")
 def scratch_slots(scratch):
     """The scratch ``slots`` field (at least ``max_seqs`` int64): room for the slots of a call's
     ids.
@@ -134,17 +143,8 @@ def scratch_slots(scratch):
     A call with more than ``max_seqs`` ids repeats one or names an unknown one, and validation
     stops there before writing past ``max_seqs`` entries.
     """
-    offset = header_entry(scratch, _SLOTS, H_OFFSET)
-    return carve(scratch, offset, (header_entry(scratch, _SLOTS, H_NBYTES) >> 3,), np.int64)
-
-
-@njit(cache=True, inline="always")
-def call_room(scratch):
-    """The scratch ``slots`` field as bytes: where a one-request call carves its inputs, its
-    outputs and its cache hits (``CALL_ROOM_INPUTS`` words, then a sequence's worth of blocks),
-    so that it allocates nothing."""
-    offset = header_entry(scratch, _SLOTS, H_OFFSET)
-    return carve(scratch, offset, (header_entry(scratch, _SLOTS, H_NBYTES),), np.uint8)
+    room = call_room(scratch)
+    return carve(room, 0, (room.shape[0] >> 3,), np.int64)
 
 
 _TOKENS = [f.name for f in STATE_FIELDS].index("tokens")
