@@ -87,12 +87,10 @@ def _row(wl: workloads.Workload, fast: runner.RunResult, ref: runner.RunResult) 
     return row
 
 
-def _engine(fast_cls, repeat: int) -> dict:
+def _engine(fast_cls, ref_cls, repeat: int) -> dict:
     """The engine path (:mod:`kvnumba.bench.one_request`) on both implementations."""
-    from kvnumba.reference import ReferenceBlockManager
-
     fast = one_request.measure(fast_cls, repeat)
-    ref = one_request.measure(ReferenceBlockManager, repeat)
+    ref = one_request.measure(ref_cls, repeat)
     return {
         "kvnumba": fast,
         "reference": ref,
@@ -251,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     engine_doc = None
     if engine:
         print("running engine (one request per call) ...", file=sys.stderr, flush=True)
-        engine_doc = _engine(fast_cls, repeat)
+        engine_doc = _engine(fast_cls, ReferenceBlockManager, repeat)
     doc = {
         "quick": args.quick,
         "repeat": repeat,
