@@ -48,6 +48,11 @@ from kvnumba.errors import ST_BAD_KEY_COUNT, ST_NEED_BUFFERS, ST_OK
 #: would cost the hot path).
 STATUS, BAD, NEEDED, AVAILABLE = 0, 1, 2, 3
 RESULT = slice(4, 8)
+#: ``k_append_one`` / ``k_append_one_keys``: ``STATUS`` first, then the outcome fields above,
+#: then (blocks before, blocks after, cow_src, cow_dst) and the sequence's slot.
+APPEND_ONE_RESULT = slice(4, 8)
+#: ``k_admit_one`` / ``k_admit_one_keys``: (status, sequence id, cached tokens).
+ADMIT_ONE_ID, ADMIT_ONE_CACHED = 1, 2
 
 
 @njit(cache=True, inline="always")
