@@ -1,18 +1,16 @@
-"""The facade's calls for engines that hash blocks themselves: keyed admits, lookups that claim
-nothing, keys registered during decode, and block events.
+"""``EngineKeys``: the part of a manager for engines that hash blocks themselves.
 
-A mixin of :class:`kvnumba.BlockManager` (as :mod:`kvnumba._virtual_pages` is for page pools):
-it validates shapes and types here and leaves values (counts, positions, caps) to the
-kernels, which check everything before they write.
+It converts the inputs of keyed admits and lookups, runs ``lookup`` and ``set_keys``, and keeps
+the block events of committed calls until the caller drains them. It validates shapes and
+types and leaves values (counts, positions, caps) to the kernels, which check everything
+before they write.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kvnumba import errors as E
-from kvnumba._inputs import hit_caps, index_array, key_rows
-from kvnumba._state import S_EVT_N
+from kvnumba.inputs import hit_caps, index_array, key_rows
 from kvnumba.results import BlockEvents, LookupResult
 
 _NO_TOKENS = np.empty(0, dtype=np.int64)
@@ -30,8 +28,8 @@ def key_array(keys) -> np.ndarray:
     keys : array-like of shape (K, 4)
         Unsigned (or non-negative) integers: four 64-bit words per block.
     """
-    # Identity, not equality, of the dtype: numpy keeps one uint64 descriptor, and `==` costs
-    # a tenth of a one-request call (any other descriptor is converted below).
+    # Identity, not equality, of the dtype: numpy keeps one uint64 descriptor, and `==` is a
+    # noticeable part of a one-request call (any other descriptor is converted below).
     if (
         type(keys) is np.ndarray
         and keys.dtype is _UINT64
@@ -55,24 +53,50 @@ def hash_to_key(block_hash: bytes) -> np.ndarray:
     return np.frombuffer(block_hash.ljust(32, b"\0"), dtype=np.uint64)
 
 
-class EngineKeyCalls:
-    """``admit`` with keys or caps, ``lookup``, ``set_keys`` and ``take_events``."""
+class EngineKeys:
+    """Engine keys and block events of one manager.
 
-    def _init_keys(self, block_keys: bool, block_events: bool) -> None:
-        self._block_keys = bool(block_keys)
-        self._event_chunks = [] if block_events else None
+    Parameters
+    ----------
+    arenas : Arenas
+        The manager's arenas.
+    kernels : KernelSet
+        Its kernels.
+    block_keys : bool
+        Whether blocks are registered under engine keys.
+    block_events : bool
+        Whether block events are recorded.
 
-    @property
-    def block_keys(self) -> bool:
-        """Whether blocks are registered under engine keys (``block_keys=True``)."""
-        return self._block_keys
+    Attributes
+    ----------
+    block_keys : bool
+    chunks : list of numpy.ndarray or None
+        Event rows of committed calls not yet drained (None without ``block_events``).
+    pipeline : CallPipeline
+        Set by the manager once its pipeline exists (errors are raised through it).
+    """
 
-    def _prompt_inputs(self, tokens, lengths, salts, keys, key_counts, max_hit_blocks):
-        """Converted inputs of a keyed or capped admit / lookup (shapes and types only)."""
+    def __init__(self, arenas, kernels, block_keys: bool, block_events: bool):
+        self.arenas = arenas
+        self.kernels = kernels
+        self.block_keys = bool(block_keys)
+        self.chunks: list | None = [] if block_events else None
+        self.pipeline = None
+
+    def prompt_inputs(self, tokens, lengths, salts, keys, key_counts, max_hit_blocks):
+        """Converted inputs of a keyed or capped admit / lookup (shapes and types only).
+
+        Returns
+        -------
+        tuple
+            ``(tokens, has_tokens, lengths, salts, keys, key_counts, caps)``; ``keys`` and
+            ``key_counts`` None for a token-mode prompt without keys, ``caps`` None without
+            caps.
+        """
         lengths = index_array(lengths, "lengths")
         n = lengths.shape[0]
         if tokens is None:
-            if not self._block_keys:
+            if not self.block_keys:
                 raise ValueError("tokens may be None only with block_keys=True")
             tokens_in, has_tokens = _NO_TOKENS, False
         else:
@@ -84,15 +108,15 @@ class EngineKeyCalls:
             if salts.shape != lengths.shape:
                 raise ValueError(f"salts has {salts.shape[0]} entries for {n} prompts")
         if keys is None:
-            if self._block_keys:
+            if self.block_keys:
                 keys = _NO_KEYS
                 key_counts = np.zeros(n, dtype=np.int64) if key_counts is None else key_counts
-        elif not self._block_keys:
+        elif not self.block_keys:
             raise ValueError("keys need a manager built with block_keys=True")
         if keys is not None:
             keys = key_array(keys)
             if key_counts is None:
-                key_counts = lengths // self._block_size
+                key_counts = lengths // self.arenas.geometry.block_size
             key_counts = index_array(key_counts, "key_counts")
         elif key_counts is not None:
             raise ValueError("key_counts without keys")
@@ -100,9 +124,10 @@ class EngineKeyCalls:
         caps = hit_caps(max_hit_blocks, n)
         return tokens_in, has_tokens, lengths, salts, keys, key_counts, caps
 
-    def _admit_engine(self, tokens, lengths, salts, keys, key_counts, max_hit_blocks, atomic):
-        """``admit`` with keys, without token ids, or with hit caps."""
-        tokens_in, has_tokens, lengths, salts, keys, key_counts, caps = self._prompt_inputs(
+    def admit_inputs(self, tokens, lengths, salts, keys, key_counts, max_hit_blocks, atomic):
+        """The inputs of ``k_admit_keys`` for an admit with keys, without token ids, or with
+        hit caps, and the named inputs for its error message."""
+        tokens_in, has_tokens, lengths, salts, keys, key_counts, caps = self.prompt_inputs(
             tokens, lengths, salts, keys, key_counts, max_hit_blocks
         )
         if keys is None:
@@ -110,156 +135,55 @@ class EngineKeyCalls:
             keys, key_counts = _NO_KEYS, np.zeros(lengths.shape[0], dtype=np.int64)
         if caps is None:
             caps = np.full(lengths.shape[0], _CAP_NONE, dtype=np.int64)
-        args = (tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps)
-        return self._run_admit(
-            self._lazy_kernel("k_admit_keys"),
-            args,
-            atomic,
-            lengths,
-            tokens_in,
-            key_counts=key_counts,
-            caps=caps,
-        )
+        inputs = (tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps)
+        named = {"lengths": lengths, "tokens": tokens_in, "key_counts": key_counts, "caps": caps}
+        return inputs, named
 
-    def lookup(
-        self, tokens, lengths, *, salts=None, keys=None, key_counts=None, max_hit_blocks=None
-    ) -> LookupResult:
-        """Report the cache hits ``admit`` would claim now, claiming nothing.
-
-        Matching is exactly ``admit``'s (leading full blocks, the last prompt token never
-        counted, at most ``max_hit_blocks``); no reference, LRU position or counter changes.
-
-        Parameters
-        ----------
-        tokens : 1-D integer array-like or None
-            All prompts' token ids, concatenated (None with ``block_keys=True``: keys only).
-        lengths : 1-D integer array-like
-            Tokens per prompt (each >= 1).
-        salts : 1-D integer array-like, optional
-            Per-prompt cache salt (default 0).
-        keys : integer array-like of shape (K, 4), optional
-            Engine keys of the prompts' leading full blocks (``block_keys=True``),
-            ``key_counts[i]`` rows per prompt in prompt order.
-        key_counts : 1-D integer array-like, optional
-            Keys per prompt; default ``lengths // block_size``.
-        max_hit_blocks : int or 1-D integer array-like, optional
-            Cap on the hit blocks of every prompt.
-
-        Returns
-        -------
-        LookupResult
-            ``num_cached_tokens`` per prompt and ``block_ids`` (int32, one row per prompt,
-            padded with -1).
-
-        Raises
-        ------
-        SequenceTooLong, ValueError, TypeError
-            For input that ``admit`` would refuse as invalid.
-        """
-        tokens_in, has_tokens, lengths, salts, keys, key_counts, caps = self._prompt_inputs(
+    def lookup(self, tokens, lengths, salts, keys, key_counts, max_hit_blocks) -> LookupResult:
+        """``BlockManager.lookup``: the hits ``admit`` would claim now, claiming nothing."""
+        tokens_in, has_tokens, lengths, salts, keys, key_counts, caps = self.prompt_inputs(
             tokens, lengths, salts, keys, key_counts, max_hit_blocks
         )
         if caps is None:
             caps = np.full(lengths.shape[0], _CAP_NONE, dtype=np.int64)
+        args = self.arenas.args
         if keys is not None:
-            kernel = self._lazy_kernel("k_lookup_keys")
-            result = kernel(
-                tokens_in, lengths, salts, has_tokens, keys, key_counts, caps, *self._args
+            result = self.kernels.k_lookup_keys(
+                tokens_in, lengths, salts, has_tokens, keys, key_counts, caps, *args
             )
         else:
-            result = self._lazy_kernel("k_lookup")(tokens_in, lengths, salts, caps, *self._args)
+            result = self.kernels.k_lookup(tokens_in, lengths, salts, caps, *args)
         status, bad, num_cached_tokens, block_ids = result
         if status:
-            self._raise(
-                status,
-                bad,
-                None,
-                lengths=lengths,
-                tokens=tokens_in,
-                key_counts=key_counts,
-                caps=caps,
+            self.pipeline.fail(
+                status, bad, lengths=lengths, tokens=tokens_in, key_counts=key_counts, caps=caps
             )
         return LookupResult(num_cached_tokens, block_ids)
 
     def set_keys(self, ids, starts, counts, keys) -> int:
-        """Give full blocks of live sequences their engine keys and register them.
-
-        For sequence ``ids[i]``, the blocks at table positions ``starts[i]`` to
-        ``starts[i] + counts[i] - 1`` get the next ``counts[i]`` rows of ``keys`` (blocks that
-        filled during decode or a later prefill chunk). A block is registered unless a
-        matching block is (the first one stays); a block that has this key already is left as
-        it is. Never allocates or evicts.
-
-        Parameters
-        ----------
-        ids : 1-D integer array-like
-            Live sequence ids, no duplicates.
-        starts, counts : 1-D integer array-like
-            First position and number of blocks per sequence; every position must be a full
-            block (``< seq_len // block_size``).
-        keys : integer array-like of shape (sum(counts), 4)
-            The keys, in ``ids`` order.
-
-        Returns
-        -------
-        int
-            Blocks newly registered.
-
-        Raises
-        ------
-        InvalidSequence, SequenceReleased
-            For an id that is not live.
-        ValueError, TypeError
-            For malformed input, a position that is not a full block, or a block that has
-            another key already; nothing is changed then.
-        """
-        if not self._block_keys:
+        """``BlockManager.set_keys``: register full blocks under their engine keys."""
+        if not self.block_keys:
             raise ValueError("set_keys needs a manager built with block_keys=True")
         ids = index_array(ids, "ids")
         starts = index_array(starts, "starts")
         counts = index_array(counts, "counts")
         keys = key_array(keys)
-        status, bad, _, _, registered = self._lazy_kernel("k_set_keys")(
-            ids, starts, counts, keys, *self._args
+        status, bad, _, _, registered = self.kernels.k_set_keys(
+            ids, starts, counts, keys, *self.arenas.args
         )
         if status:
-            self._raise_keys(status, bad, ids, starts, counts)
-        self._collect_events()
+            self.pipeline.fail(status, bad, ids=ids, starts=starts, counts=counts)
+        self.collect()
         return int(registered)
 
-    def _raise_keys(self, status, bad, ids, starts, counts):
-        if status == E.ST_BAD_KEY_POSITION:
-            length = int(self.seq_lens(ids[bad : bad + 1])[0])
-            raise ValueError(
-                f"key positions {int(starts[bad])} .. "
-                f"{int(starts[bad]) + int(counts[bad]) - 1} of sequence {int(ids[bad])} are "
-                f"not all full blocks (it holds {length // self._block_size} full blocks)"
-            )
-        if status == E.ST_KEY_CONFLICT:
-            raise ValueError(f"a block of sequence {int(ids[bad])} already has another key")
-        if status == E.ST_BAD_KEY_COUNT:
-            if bad < 0 and starts.shape[0] == ids.shape[0] == counts.shape[0]:
-                raise ValueError(f"keys has a row count other than sum(counts) = {counts.sum()}")
-            raise ValueError("starts and counts need one entry per id")
-        self._raise(status, bad, ids)
-
     @property
-    def pending_events(self) -> bool:
-        """Whether :meth:`take_events` would return any event (no arrays built)."""
-        return bool(self._event_chunks)
+    def pending(self) -> bool:
+        """Whether :meth:`take` would return any event."""
+        return bool(self.chunks)
 
-    def take_events(self) -> BlockEvents:
-        """Drain the block events recorded since the last call of ``take_events``.
-
-        Returns
-        -------
-        BlockEvents
-            ``kind`` (uint8: 1 stored, 2 removed), ``block`` (int32) and ``key`` (uint64
-            ``[n, 4]``; in token mode the chained hash and three zero words), in the order the
-            events happened. Always empty unless the manager was built with
-            ``block_events=True``.
-        """
-        chunks = self._event_chunks
+    def take(self) -> BlockEvents:
+        """Drain the events kept since the last ``take`` (``BlockManager.take_events``)."""
+        chunks = self.chunks
         if not chunks:
             return BlockEvents(
                 np.empty(0, np.uint8), np.empty(0, np.int32), np.empty((0, 4), np.uint64)
@@ -272,11 +196,9 @@ class EngineKeyCalls:
             np.ascontiguousarray(rows[:, 2:]).view(np.uint64),
         )
 
-    def _collect_events(self) -> None:
+    def collect(self) -> None:
         """Keep the events of a call that committed (the kernels clear them at a call's start)."""
-        if self._event_chunks is not None:
-            scr = self._scr
-            n = int(scr[S_EVT_N])
-            if n:
-                self._event_chunks.append(self._x["evt"][:n].copy())
-                scr[S_EVT_N] = 0
+        if self.chunks is not None:
+            rows = self.arenas.take_event_rows()
+            if rows is not None:
+                self.chunks.append(rows)

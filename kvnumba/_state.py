@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvnumba._ids import slot_bits
+from kvnumba.ids import slot_bits
 
 # --- sentinels -----------------------------------------------------------------------------------
 NIL = -1  # no block / no link / padding in block tables
@@ -55,7 +55,7 @@ M_CO_COUNT = 23  # pages on the cache-only list
 M_CLIENT = 24  # pool client token, pid and process start time: the owner record of a page
 M_PID = 25
 M_START = 26
-M_ID_TAG = 27  # the manager's id tag (kvnumba._ids): the top bits of every id it hands out
+M_ID_TAG = 27  # the manager's id tag (kvnumba.ids): the top bits of every id it hands out
 M_SLOT_BITS = 28  # bits of an id that hold the slot
 M_RESERVED = 29  # blocks 0 .. M_RESERVED-1 are never handed out (``reserved_blocks``)
 M_KEYED = 30  # 1: blocks are registered under engine keys (``block_keys``), never token hashes
@@ -223,6 +223,50 @@ State = NamedTuple("State", [(f.name, np.ndarray) for f in STATE_FIELDS])
 State.__doc__ = _state_doc()
 
 
+class Geometry(NamedTuple):
+    """The validated shape of one manager: what sizes its arenas and what its kernels assume.
+
+    Attributes
+    ----------
+    num_blocks, block_size, max_seqs, max_seq_len : int
+        As given to :class:`kvnumba.BlockManager`.
+    blocks_per_seq : int
+        Block table width, ``ceil(max_seq_len / block_size)``.
+    blocks_per_page : int
+        Blocks per virtual page with a page pool, 0 without one.
+    reserved_blocks : int
+        Blocks ``0 .. reserved_blocks - 1`` never handed out.
+    prefix_caching, block_keys, block_events : bool
+        The manager's switches.
+    hash_bits : int
+        Bits kept of the chained hash (64 but in collision tests).
+    """
+
+    num_blocks: int
+    block_size: int
+    max_seqs: int
+    max_seq_len: int
+    blocks_per_seq: int
+    blocks_per_page: int = 0
+    reserved_blocks: int = 0
+    prefix_caching: bool = True
+    block_keys: bool = False
+    block_events: bool = False
+    hash_bits: int = 64
+
+    @property
+    def num_pages(self) -> int:
+        """Virtual pages (0 without a page pool)."""
+        k = self.blocks_per_page
+        return self.num_blocks // k if k else 0
+
+    @property
+    def event_rows(self) -> int:
+        """Block events one call can record: a call registers and removes at most
+        ``2 * num_blocks`` (no rows without ``block_events``)."""
+        return 2 * self.num_blocks + 8 if self.block_events else 0
+
+
 def table_capacity(num_blocks: int) -> int:
     """Size of the prefix hash table: the power of two at least ``3 * num_blocks``.
 
@@ -263,67 +307,33 @@ def _arena(fields: tuple[Field, ...], dims: dict[str, int]) -> tuple[np.ndarray,
     return arena, views
 
 
-def state_dims(
-    num_blocks: int,
-    block_size: int,
-    max_seqs: int,
-    max_blocks_per_seq: int,
-    blocks_per_page: int = 0,
-    block_keys: bool = False,
-) -> dict[str, int]:
+def state_dims(g: Geometry) -> dict[str, int]:
     """Values of the dimensions named in :data:`STATE_FIELDS`."""
-    k = blocks_per_page
+    k = g.blocks_per_page
     return {
-        "blocks": num_blocks,
-        "block_size": block_size,
-        "key_blocks": num_blocks if block_keys else 0,
+        "blocks": g.num_blocks,
+        "block_size": g.block_size,
+        "key_blocks": g.num_blocks if g.block_keys else 0,
         "four": 4,
-        "table": table_capacity(num_blocks),
-        "seqs": max_seqs,
-        "blocks_per_seq": max_blocks_per_seq,
+        "table": table_capacity(g.num_blocks),
+        "seqs": g.max_seqs,
+        "blocks_per_seq": g.blocks_per_seq,
         "meta": META_SIZE,
-        "pages": num_blocks // k if k else 0,
-        "paged_blocks": num_blocks if k else 0,
+        "pages": g.num_pages,
+        "paged_blocks": g.num_blocks if k else 0,
         "blocks_per_page": k,
     }
 
 
-def new_state(
-    num_blocks: int,
-    block_size: int,
-    max_seqs: int,
-    max_blocks_per_seq: int,
-    max_seq_len: int,
-    prefix_caching: bool,
-    hash_bits: int = 64,
-    blocks_per_page: int = 0,
-    id_tag: int = 0,
-    reserved_blocks: int = 0,
-    block_keys: bool = False,
-    block_events: bool = False,
-) -> tuple[np.ndarray, State]:
+def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
     """Allocate the state arena of an empty manager.
 
     Parameters
     ----------
-    num_blocks, block_size, max_seqs, max_blocks_per_seq, max_seq_len : int
-        Pool and table geometry (validated by the caller).
-    prefix_caching : bool
-        Whether full blocks are hashed and kept cached at refcount 0.
-    hash_bits : int
-        Bits of the chained hash to keep; 64 except in collision tests.
-    blocks_per_page : int
-        Blocks per virtual page with a page pool (dividing ``num_blocks``), 0 without one.
+    g : Geometry
+        The manager's validated geometry and switches.
     id_tag : int
-        The manager's id tag (:mod:`kvnumba._ids`).
-    reserved_blocks : int
-        Blocks ``0 .. reserved_blocks - 1`` kept off the free stack forever (0 with a page
-        pool).
-    block_keys : bool
-        Whether blocks are registered under engine keys (a key row per block) instead of
-        chained token hashes.
-    block_events : bool
-        Whether registrations and removals are recorded as block events.
+        The manager's id tag (:mod:`kvnumba.ids`).
 
     Returns
     -------
@@ -333,13 +343,13 @@ def new_state(
         Writable views of its fields: every block free (popped in id order), every sequence
         slot free (popped in slot order).
     """
-    n, m, k = num_blocks, max_seqs, blocks_per_page
-    dims = state_dims(n, block_size, m, max_blocks_per_seq, k, block_keys)
+    n, m, k = g.num_blocks, g.max_seqs, g.blocks_per_page
+    dims = state_dims(g)
     arena, v = _arena(STATE_FIELDS, dims)
     state = State(**v)
     state.lru_prev[:] = NIL
     state.lru_next[:] = NIL
-    r = reserved_blocks
+    r = g.reserved_blocks
     # Reversed: the lowest unreserved block is popped first; reserved blocks are never listed.
     state.free_stack[: n - r] = np.arange(n - 1, r - 1, -1)
     state.tokens[:] = -1
@@ -352,13 +362,13 @@ def new_state(
     meta[M_LRU_HEAD] = NIL
     meta[M_LRU_TAIL] = NIL
     meta[M_SLOT_TOP] = m
-    meta[M_PREFIX_CACHING] = 1 if prefix_caching else 0
-    meta[M_HASH_BITS] = hash_bits
-    meta[M_MAX_SEQ_LEN] = max_seq_len
+    meta[M_PREFIX_CACHING] = 1 if g.prefix_caching else 0
+    meta[M_HASH_BITS] = g.hash_bits
+    meta[M_MAX_SEQ_LEN] = g.max_seq_len
     meta[M_ID_TAG] = id_tag
     meta[M_SLOT_BITS] = slot_bits(m)
-    meta[M_KEYED] = 1 if block_keys else 0
-    meta[M_EVENTS] = 1 if block_events else 0
+    meta[M_KEYED] = 1 if g.block_keys else 0
+    meta[M_EVENTS] = 1 if g.block_events else 0
     if k:
         # Every virtual page unmapped, popped in order 0, 1, ...; no block on the free stack.
         num_pages = dims["pages"]
@@ -376,65 +386,43 @@ def new_state(
     return arena, state
 
 
-def scratch_dims(
-    block_size: int,
-    max_seqs: int,
-    blocks_per_seq: int,
-    rows: int,
-    log_rows: int,
-    payload: bool,
-    num_pages: int = 0,
-    event_rows: int = 0,
-) -> dict[str, int]:
-    """Values of the dimensions named in :data:`SCRATCH_FIELDS`."""
+def scratch_dims(g: Geometry, rows: int, log_rows: int, payload: bool) -> dict[str, int]:
+    """Values of the dimensions named in :data:`SCRATCH_FIELDS` (see :func:`new_scratch`)."""
     return {
-        "event_rows": event_rows,
+        "event_rows": g.event_rows,
         "six": 6,
         "log_rows": log_rows,
         "three": 3,
         "records": rows,
         "payload_rows": rows if payload else 0,
-        "block_size": block_size,
-        "seqs": max_seqs,
+        "block_size": g.block_size,
+        "seqs": g.max_seqs,
         "call_room": max(
-            max_seqs,
-            min(blocks_per_seq, CALL_ROOM_MAX_HITS) + CALL_ROOM_INPUTS,
-            block_size + CALL_ROOM_INPUTS,
+            g.max_seqs,
+            min(g.blocks_per_seq, CALL_ROOM_MAX_HITS) + CALL_ROOM_INPUTS,
+            g.block_size + CALL_ROOM_INPUTS,
         ),
         "scr": SCR_SIZE,
         "meta": META_SIZE,
-        "pages": num_pages,
+        "pages": g.num_pages,
         "two": 2,
     }
 
 
-def new_scratch(
-    block_size: int,
-    max_seqs: int,
-    blocks_per_seq: int,
-    rows: int,
-    log_rows: int,
-    payload: bool,
-    num_pages: int = 0,
-    event_rows: int = 0,
-):
+def new_scratch(g: Geometry, rows: int, log_rows: int, payload: bool):
     """Allocate the scratch arena (grown by the facade when a call needs more room).
 
     Parameters
     ----------
-    block_size, max_seqs, blocks_per_seq : int
-        Geometry of the manager.
+    g : Geometry
+        The manager's geometry: the call room, the page records (with a page pool) and the
+        block events (with ``block_events``) follow from it.
     rows : int
         Eviction records one call can hold.
     log_rows : int
         Undo-log entries one call can hold.
     payload : bool
         Whether evicted payloads are copied (``on_evict`` set, or room for a logged call).
-    num_pages : int
-        Virtual pages (with a page pool): room for the pages one call maps and unmaps.
-    event_rows : int
-        Block events one call can record (0 without ``block_events``; a call registers and
-        removes at most ``2 * num_blocks``).
 
     Returns
     -------
@@ -442,10 +430,7 @@ def new_scratch(
     views : dict
         Views named as in :data:`SCRATCH_FIELDS`.
     """
-    dims = scratch_dims(
-        block_size, max_seqs, blocks_per_seq, rows, log_rows, payload, num_pages, event_rows
-    )
-    return _arena(SCRATCH_FIELDS, dims)
+    return _arena(SCRATCH_FIELDS, scratch_dims(g, rows, log_rows, payload))
 
 
 #: Index of every state field in :data:`STATE_FIELDS`, by name (``FIELD.ref``, ...): the code

@@ -1,13 +1,13 @@
-"""The virtual-page side of ``BlockManager``: a manager on a page pool.
+"""``PageSide``: the part of a manager on a page pool.
 
 A manager on a :class:`kvnumba.PagePool` runs its calls through the ``*_paged`` kernels, which
 take the pool's arena as a third argument, under the pool's lock for the whole call (so the
-free pages seen at call start stay free until it ends); its state-changing calls go through
-``BlockManager._run`` and the pool's :class:`~kvnumba._coordinator.PoolCoordinator`, which
-reclaims pages for a starving call. This mixin holds what is particular to one manager: joining
-the pool, ``can_append`` with what reclaim could add, ``trim``, ``close``, the narrow interface
-the coordinator uses (cache-only pages, give up, commit, roll back) and the page callbacks.
-``docs/design.md`` states the policy.
+free pages seen at call start stay free until it ends). This part joins the pool, runs a call
+under the lock through the pool's :class:`~kvnumba._coordinator.PoolCoordinator` (which reclaims
+pages for a starving call), counts what reclaim could add for ``can_append``, gives cache-only
+pages back (``trim``, ``close``) and delivers the page callbacks. Toward the coordinator it is a
+:class:`~kvnumba._coordinator.PoolMember`: the coordinator reads and moves a manager's pages
+through these few methods only. ``docs/design.md`` states the policy.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._kernels.physical_pages import O_CLIENT, O_PID, O_START, views_of
-from kvnumba._kernels.undo import give_up_log_rows
+from kvnumba._pipeline import deliver_all
 from kvnumba._state import (
     M_CACHED,
     M_CLIENT,
@@ -26,158 +26,135 @@ from kvnumba._state import (
     M_START,
     M_VTOP,
     NIL,
-    S_MAP_N,
     S_SHORT,
-    S_UNMAP_N,
 )
+from kvnumba.inputs import positive_int
 
 
-class PagedCalls:
-    """Mixin of :class:`kvnumba.BlockManager` for managers on a page pool."""
+def check_pages(num_blocks: int, page_pool, blocks_per_page) -> int:
+    """Validate the page geometry of a new manager; returns ``blocks_per_page`` (0 without a
+    pool).
 
-    _pool = None
+    Raises
+    ------
+    InvalidGeometry
+        For a pool without ``blocks_per_page`` (or the reverse) or one that does not divide
+        ``num_blocks``.
+    TypeError
+        For a ``page_pool`` that is no :class:`kvnumba.PagePool`.
+    """
+    from kvnumba.physical_pages import PagePool
 
-    # ------------------------------------------------------------------------- construction
-    @staticmethod
-    def _check_pages(num_blocks: int, page_pool, blocks_per_page) -> int:
-        """Validate the page geometry; returns ``blocks_per_page`` (0 without a pool)."""
-        from kvnumba._inputs import positive_int
-        from kvnumba.physical_pages import PagePool
+    if page_pool is None and blocks_per_page is None:
+        return 0
+    if page_pool is None or blocks_per_page is None:
+        raise E.InvalidGeometry("page_pool and blocks_per_page go together")
+    if not isinstance(page_pool, PagePool):
+        raise TypeError(f"page_pool must be a kvnumba.PagePool, got {type(page_pool).__name__}")
+    k = positive_int(blocks_per_page, "blocks_per_page", E.InvalidGeometry)
+    if num_blocks % k:
+        raise E.InvalidGeometry(f"blocks_per_page={k} does not divide num_blocks={num_blocks}")
+    return k
 
-        if page_pool is None and blocks_per_page is None:
-            return 0
-        if page_pool is None or blocks_per_page is None:
-            raise E.InvalidGeometry("page_pool and blocks_per_page go together")
-        if not isinstance(page_pool, PagePool):
-            raise TypeError(f"page_pool must be a kvnumba.PagePool, got {type(page_pool).__name__}")
-        k = positive_int(blocks_per_page, "blocks_per_page", E.InvalidGeometry)
-        if num_blocks % k:
-            raise E.InvalidGeometry(f"blocks_per_page={k} does not divide num_blocks={num_blocks}")
-        return k
 
-    def _attach_pool(self, pool) -> None:
-        """Register with ``pool`` as a client and as a sibling of its other managers."""
-        self._pool = pool
-        if pool is None:
-            return
+class PageSide:
+    """A manager's membership of a page pool.
+
+    Parameters
+    ----------
+    owner : BlockManager
+        The manager (held only by its finalizer: the pages go back when it is collected).
+    pool : PagePool
+        The pool to join.
+    pipeline : CallPipeline
+        The manager's call pipeline (arenas, kernels, events and ``on_evict``).
+
+    Attributes
+    ----------
+    pool : PagePool
+    blocks_per_page : int
+    client : int
+        The manager's client token in the pool's owner records.
+    """
+
+    def __init__(self, owner, pool, pipeline):
         from kvnumba._process import FORK_AWARE
         from kvnumba.physical_pages import _load_kernels
 
+        self.pool = pool
+        self.pipeline = pipeline
+        self.arenas = pipeline.arenas
+        self.kernels = pipeline.kernels
+        self.blocks_per_page = self.arenas.geometry.blocks_per_page
+        self.num_pages = self.arenas.geometry.num_pages
         _load_kernels()  # the pool's repair and reclaim may run inside this manager's calls
-        client = pool.register_client()
-        me = pool.identity(client)
-        meta = self._s.meta
-        meta[M_CLIENT], meta[M_PID], meta[M_START] = me
+        self.client = pool.register_client()
+        meta = self.arenas.s.meta
+        meta[M_CLIENT], meta[M_PID], meta[M_START] = pool.identity(self.client)
         # The kernels stamp the owner of every page they map from meta: a forked child must
         # stamp its own pid, or the pages it maps die with its parent (reclaim_dead).
         FORK_AWARE.add(self)
-        self._client = client
-        self._claim_after_fork = False  # set in a forked child (_after_fork)
-        self._pargs = (self._arena, self._scratch, pool.arena)
-        self._finalizer = pool._coordinator.register(self, client, self._s.page_phys)
+        self.claim_after_fork = False  # set in a forked child (after_fork)
+        self.arenas.attach_pool(pool.arena)
+        self.finalizer = pool._coordinator.register(
+            owner, self, self.client, self.arenas.s.page_phys
+        )
 
-    def _after_fork(self, pid: int, start: int) -> None:
-        """In a forked child: record the child's pid and start time on the pages it maps.
-
-        The pages mapped before the fork still carry the parent's identity; the child's first
-        state-changing call stamps them with its own (:meth:`_claim_pages_after_fork`), so that
-        they outlive the parent. A manager and its pages belong to one of the two processes:
-        the one that goes on using it.
-        """
-        meta = self._s.meta
-        meta[M_PID] = pid
-        meta[M_START] = start
-        self._claim_after_fork = True
-
-    def _claim_pages_after_fork(self) -> None:
-        """Under the pool's lock, in a forked child's first state-changing call: the pages this
-        manager holds get the child's pid and start time (once; a walk of its mapped pages)."""
-        if not self._claim_after_fork:
-            return
-        self._claim_after_fork = False
-        _, _, owner = views_of(self._pool.arena)
-        meta = self._s.meta
-        for page in self.mapped_pages().tolist():
-            if owner[page, O_CLIENT] == self._client:
-                owner[page, O_PID] = meta[M_PID]
-                owner[page, O_START] = meta[M_START]
-
+    # --------------------------------------------------------------------- the manager's calls
     @property
-    def page_pool(self):
-        """The :class:`kvnumba.PagePool` this manager maps its pages from, or ``None``."""
-        return self._pool
+    def alive(self) -> bool:
+        """Whether the manager still holds its pages (neither closed nor collected)."""
+        return self.finalizer.alive
 
-    @property
-    def blocks_per_page(self) -> int | None:
-        """Blocks per virtual page (``None`` without a page pool)."""
-        return self._k or None
+    def run_with_reclaim(self, run, atomic: bool):
+        """Run ``run()`` under the pool's lock with the coordinator's reclaim; returns the
+        kernel's result and the siblings that gave pages."""
+        return self.pool._coordinator.run_with_reclaim(self, run, atomic)
 
-    # ----------------------------------------------------------------------------- the calls
-    def _paged_can_append(self, ids, counts) -> bool:
-        with self._pool.lock():
-            status, bad, need, available = self._k_can_append(ids, counts, *self._pargs)
+    def orphans_first(self):
+        """Give back the pages of collected managers before a call; returns the first error an
+        ``on_unmap`` raised (the call raises it as the cause of its ``CallbackError`` once it
+        has committed)."""
+        coordinator = self.pool._coordinator
+        return coordinator.give_back_orphans() if coordinator.has_orphans else None
+
+    def can_append(self, ids, counts) -> bool:
+        """``BlockManager.can_append`` on a page pool: what reclaim could add counts too."""
+        with self.pool.lock():
+            status, bad, need, available = self.kernels.k_can_append(
+                ids, counts, *self.arenas.call_args
+            )
             if status:
-                self._raise(status, bad, ids, counts=counts)
+                self.pipeline.fail(status, bad, ids=ids, counts=counts)
             if need <= available:
                 return True
             # What sibling reclaim could add: whole pages, up to the unmapped virtual pages.
-            gained = self._pool._coordinator.pages_gained(self)
-            return bool(need <= available + gained * self._k)
+            gained = self.pool._coordinator.pages_gained(self)
+            return bool(need <= available + gained * self.blocks_per_page)
+
+    def check(self):
+        """``k_check`` under the pool's lock (its pages against the pool's owner records)."""
+        with self.pool.lock():
+            return self.kernels.k_check(*self.arenas.call_args)
 
     def trim(self) -> int:
-        """Give every cache-only page back to the page pool.
-
-        A cache-only page holds cached blocks but no referenced one; its cached blocks are
-        evicted (``on_evict``) and the page unmapped (the pool's ``on_unmap``). A no-op without
-        a page pool.
-
-        Returns
-        -------
-        int
-            Pages unmapped.
-
-        Raises
-        ------
-        CallbackError
-            If a callback raised (after the pages were given back); ``.result`` is the count.
-        """
-        if self._pool is None:
-            return 0
-        pending = self._orphans_first()
-        with self._pool.lock():
-            self._ensure_records(int(self._s.meta[M_CACHED]))
-            done = int(self._k_give_up(self._num_pages, False, *self._pargs))
-        self._collect_events()
-        deliver_all((self._deliver_evictions, self._deliver_unmaps), done, pending)
+        """``BlockManager.trim``: give every cache-only page back; returns the pages unmapped."""
+        pending = self.orphans_first()
+        with self.pool.lock():
+            self.arenas.ensure_give_up_records(int(self.arenas.s.meta[M_CACHED]))
+            done = int(self.kernels.k_give_up(self.num_pages, False, *self.arenas.call_args))
+        self.pipeline.events.collect()
+        deliver_all((self.pipeline.deliver_evictions, self.deliver_unmaps), done, pending)
         return done
 
     def close(self) -> None:
-        """Give every page back to the pool and retire the manager (a page pool's managers).
-
-        Its sequences and cached blocks are dropped without callbacks except the pool's
-        ``on_unmap``; any later call that reaches a kernel raises ``ValueError``. Idempotent;
-        a manager without a pool has nothing to give back and stays usable. A manager on a pool
-        that is garbage-collected without ``close()`` gives its pages back at the pool's next
-        call from another manager. Close the managers before their pool.
-
-        Raises
-        ------
-        CallbackError
-            If ``on_unmap`` raised; the manager is closed and its pages given back all the same
-            (``.result`` is ``None``).
-        """
-        if self._pool is None or not self._finalizer.alive:
+        """``BlockManager.close``: give every page back and retire the manager."""
+        if not self.finalizer.alive:
             return
-        self._finalizer()
-        pool = self._pool
+        self.finalizer()
+        pool = self.pool
         pool._coordinator.unregister(self)
-
-        def closed(*args):
-            raise ValueError("the block manager is closed")
-
-        for name in vars(self).copy():
-            if name.startswith("_k_"):
-                setattr(self, name, closed)
+        self.kernels.close()
         if pool.closed:
             pool._coordinator.drop_orphans()  # nothing left to give the pages back to
         else:
@@ -185,82 +162,13 @@ class PagedCalls:
             deliver_all((), None, pool._coordinator.give_back_orphans())
 
     def mapped_pages(self) -> np.ndarray:
-        """Physical page ids this manager holds, in virtual page order (empty without a pool).
-
-        Returns
-        -------
-        numpy.ndarray of int64
-        """
-        if self._pool is None or not self._finalizer.alive:
+        """Physical page ids this manager holds, in virtual page order."""
+        if not self.finalizer.alive:
             return np.empty(0, dtype=np.int64)
-        phys = self._s.page_phys
+        phys = self.arenas.s.page_phys
         return phys[phys != NIL].astype(np.int64)
 
-    # ------------------------------------------- what the pool's coordinator asks of a manager
-    def _unmapped_pages(self) -> int:
-        """Virtual pages without a physical page (what more pages could back)."""
-        return int(self._s.meta[M_VTOP])
-
-    def _shortfall(self) -> int:
-        """Blocks the last failed call lacked where it failed."""
-        return int(self._scr[S_SHORT])
-
-    def _cache_only_count(self) -> int:
-        """Pages holding cached blocks and no referenced one."""
-        return int(self._s.meta[M_CO_COUNT])
-
-    def _cache_only_stamps(self, limit: int) -> list[tuple[int, int]]:
-        """``(stamp, page)`` of the first ``limit`` cache-only pages, oldest stamp first (a walk
-        of at most ``limit``)."""
-        co_next, stamps = self._s.co_next, self._s.page_stamp
-        out = []
-        v = int(self._s.meta[M_CO_HEAD])
-        while v != NIL and len(out) < limit:
-            out.append((int(stamps[v]), v))
-            v = int(co_next[v])
-        return out
-
-    def _give_up(self, pages: int) -> None:
-        """Give up the ``pages`` oldest cache-only pages, logged until committed or rolled back."""
-        self._ensure_records(pages * self._k, logged_pages=pages)
-        self._k_give_up(pages, True, *self._pargs)
-
-    def _commit_give_up(self) -> None:
-        """Keep a logged give-up (a starving sibling used the pages)."""
-        self._k_commit_give_up(*self._pargs)
-        self._collect_events()
-
-    def _rollback_give_up(self) -> None:
-        """Undo a logged give-up: the pages are this manager's again, byte for byte."""
-        self._k_rollback(*self._pargs)
-
-    def _ensure_records(self, evictions: int, logged_pages: int = 0) -> None:
-        """Grow the scratch so that a give-up evicting ``evictions`` blocks fits."""
-        x = self._x
-        rows = x["ev_ids"].shape[0]
-        log_needed = give_up_log_rows(logged_pages, self._k)
-        payload = logged_pages > 0 or self._on_evict is not None
-        if (
-            evictions > rows
-            or (payload and evictions > x["ev_tok"].shape[0])
-            or log_needed > x["ulog"].shape[0]
-        ):
-            self._new_scratch(
-                max(rows, evictions), max(x["ulog"].shape[0], log_needed), payload=payload
-            )
-
-    # ------------------------------------------------------------------------------ callbacks
-    def _orphans_first(self):
-        """Give back the pages of collected managers before a call (the coordinator's
-        ``give_back_orphans``).
-
-        Returns the first exception an ``on_unmap`` raised, for the call to raise as the cause
-        of its ``CallbackError`` once it has committed (the call itself still runs).
-        """
-        coordinator = self._pool._coordinator
-        return coordinator.give_back_orphans() if coordinator.has_orphans else None
-
-    def _deliver_paged(self, givers, result, pending=None) -> None:
+    def deliver(self, givers, result, pending=None) -> None:
         """Callbacks of a committed call: the siblings' give-ups first, then this manager's.
 
         Every callback runs even if an earlier one raises; then ``CallbackError`` carrying
@@ -268,48 +176,87 @@ class PagedCalls:
         """
         deliveries = []
         for sibling in givers:
-            deliveries += [sibling._deliver_evictions, sibling._deliver_unmaps]
-        deliveries += [self._deliver_evictions, self._deliver_unmaps, self._deliver_maps]
+            deliveries += sibling.give_up_deliveries()
+        deliveries += [self.pipeline.deliver_evictions, self.deliver_unmaps, self.deliver_maps]
         deliver_all(deliveries, result, pending)
 
-    def _deliver_unmaps(self) -> None:
+    def deliver_unmaps(self) -> None:
         """Hand this call's unmapped pages to the pool's ``on_unmap``."""
-        pool = self._pool
-        if pool.on_unmap is not None:
-            unmapped = self._x["unmap_rec"][: int(self._scr[S_UNMAP_N])]
-            pool.deliver(unmapped=(unmapped[:, 0], unmapped[:, 1]))
+        if self.pool.on_unmap is not None:
+            unmapped = self.arenas.unmapped_records()
+            self.pool.deliver(unmapped=(unmapped[:, 0], unmapped[:, 1]))
 
-    def _deliver_maps(self) -> None:
+    def deliver_maps(self) -> None:
         """Hand this call's mapped pages to the pool's ``on_map``."""
-        pool = self._pool
-        if pool.on_map is not None:
-            maps = self._x["map_rec"][: int(self._scr[S_MAP_N])]
-            pool.deliver(mapped=(maps[:, 0], maps[:, 1]))
+        if self.pool.on_map is not None:
+            maps = self.arenas.mapped_records()
+            self.pool.deliver(mapped=(maps[:, 0], maps[:, 1]))
 
+    # ------------------------------------------------------------------ forked processes
+    def _after_fork(self, pid: int, start: int) -> None:
+        """In a forked child (``kvnumba._process.FORK_AWARE``): record the child's pid and
+        start time on the pages it maps from now on, and claim the pages held since."""
+        meta = self.arenas.s.meta
+        meta[M_PID] = pid
+        meta[M_START] = start
+        self.claim_after_fork = True
 
-def deliver_all(deliveries, result=None, pending=None) -> None:
-    """Run every callback delivery of a committed call, even if one raises.
+    # ------------------------------------------------- PoolMember: what the coordinator asks
+    def claim_pages_after_fork(self) -> None:
+        """Under the pool's lock, in a forked child's first state-changing call: the pages this
+        manager holds get the child's pid and start time (once; a walk of its mapped pages).
 
-    Parameters
-    ----------
-    deliveries : sequence of callables
-        Each delivers one callback of the call.
-    result : object
-        The call's result, carried by the ``CallbackError``.
-    pending : Exception, optional
-        A callback error raised earlier in the same call (it comes first).
+        A manager and its pages belong to one of the two processes: the one that goes on
+        using it.
+        """
+        if not self.claim_after_fork:
+            return
+        self.claim_after_fork = False
+        _, _, owner = views_of(self.pool.arena)
+        meta = self.arenas.s.meta
+        for page in self.mapped_pages().tolist():
+            if owner[page, O_CLIENT] == self.client:
+                owner[page, O_PID] = meta[M_PID]
+                owner[page, O_START] = meta[M_START]
 
-    Raises
-    ------
-    CallbackError
-        With the first callback exception as ``__cause__``, after every delivery ran.
-    """
-    error = pending
-    for deliver in deliveries:
-        try:
-            deliver()
-        except Exception as exc:  # noqa: BLE001 - re-raised below, after the others ran
-            if error is None:
-                error = exc
-    if error is not None:
-        raise E.CallbackError(result) from error
+    def unmapped_pages(self) -> int:
+        """Virtual pages without a physical page (what more pages could back)."""
+        return int(self.arenas.s.meta[M_VTOP])
+
+    def shortfall(self) -> int:
+        """Blocks the last failed call lacked where it failed."""
+        return int(self.arenas.scr[S_SHORT])
+
+    def cache_only_count(self) -> int:
+        """Pages holding cached blocks and no referenced one."""
+        return int(self.arenas.s.meta[M_CO_COUNT])
+
+    def cache_only_stamps(self, limit: int) -> list[tuple[int, int]]:
+        """``(stamp, page)`` of the first ``limit`` cache-only pages, oldest stamp first (a
+        walk of at most ``limit``)."""
+        s = self.arenas.s
+        out = []
+        v = int(s.meta[M_CO_HEAD])
+        while v != NIL and len(out) < limit:
+            out.append((int(s.page_stamp[v]), v))
+            v = int(s.co_next[v])
+        return out
+
+    def give_up(self, pages: int) -> None:
+        """Give up the ``pages`` oldest cache-only pages, logged until committed or rolled
+        back."""
+        self.arenas.ensure_give_up_records(pages * self.blocks_per_page, logged_pages=pages)
+        self.kernels.k_give_up(pages, True, *self.arenas.call_args)
+
+    def commit_give_up(self) -> None:
+        """Keep a logged give-up (a starving sibling used the pages)."""
+        self.kernels.k_commit_give_up(*self.arenas.call_args)
+        self.pipeline.events.collect()
+
+    def rollback_give_up(self) -> None:
+        """Undo a logged give-up: the pages are this manager's again, byte for byte."""
+        self.kernels.k_rollback(*self.arenas.call_args)
+
+    def give_up_deliveries(self) -> list:
+        """The callbacks of a committed give-up, for the starving manager to run with its own."""
+        return [self.pipeline.deliver_evictions, self.deliver_unmaps]

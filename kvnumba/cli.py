@@ -70,10 +70,10 @@ def _compile(args: list[str]) -> int:
         return 0 if args[0] in ("-h", "--help") else 2
     import time
 
-    from kvnumba import _dispatch
-    from kvnumba._dispatch import compile_all
+    from kvnumba import kernels
+    from kvnumba.kernels import compile_all
 
-    _dispatch._announced = True  # this command is the ahead-of-time compile: no hint to run it
+    kernels._announced = True  # this command is the ahead-of-time compile: no hint to run it
     start = time.process_time()
     compile_all(progress=lambda name, s: print(f"{name:22s} {s:6.1f} s", flush=True))
     print(f"all kernels: {time.process_time() - start:.1f} s of CPU")

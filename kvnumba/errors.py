@@ -2,10 +2,13 @@
 
 Kernels never raise: they return one of the ``ST_*`` integers below (plus the index of the
 offending input element where that helps the message). The facade turns a non-zero status into
-the typed exception with the numbers a user needs.
+the typed exception with the numbers a user needs through one table, :data:`STATUS_ERRORS`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 # Kernel status codes. 0 is success; every other value names one failure.
 ST_OK = 0
@@ -23,9 +26,8 @@ ST_BAD_LENGTH = 11  # a prompt of length < 1
 ST_BAD_NEW_LEN = 12  # truncate: a new length below 0 or above the sequence's length
 ST_BAD_BLOCK = 13  # evict: a block id outside the pool
 ST_BLOCK_IN_USE = 14  # evict: a block that a sequence references
-ST_BAD_KEY_COUNT = (
-    15  # key_counts[i] outside [0, lengths[i] // block_size], or not summing to len(keys)
-)
+# key_counts[i] outside [0, lengths[i] // block_size], or not summing to len(keys)
+ST_BAD_KEY_COUNT = 15
 ST_BAD_CAP = 16  # a negative max_hit_blocks
 ST_BAD_KEY_POSITION = 17  # set_keys: a position that is not a full block of the sequence
 ST_KEY_CONFLICT = 18  # set_keys: a block that already has another key
@@ -138,3 +140,186 @@ class CallbackError(KVNumbaError):
 
 class InvariantViolation(KVNumbaError):
     """``check()`` found state that contradicts an invariant; the message names the first one."""
+
+
+# --- status -> exception ------------------------------------------------------------------------
+
+
+class ManagerFacts(Protocol):
+    """What a message needs to know of the manager whose call failed."""
+
+    block_size: int
+    max_seq_len: int
+    max_seqs: int
+    num_blocks: int
+
+    def seq_len(self, seq_id: int) -> int:
+        """Tokens held by the live sequence ``seq_id``."""
+
+    def ref(self, block: int) -> int:
+        """Reference count of ``block``."""
+
+    def free_slots(self) -> int:
+        """Sequence slots not in use."""
+
+
+class Failure(NamedTuple):
+    """A failed kernel call, as the builders of :data:`STATUS_ERRORS` read it.
+
+    Attributes
+    ----------
+    status : int
+        The kernel's ``ST_*`` code.
+    bad : int
+        Index of the offending input element (-1 when no single element is at fault).
+    inputs : dict
+        The call's converted inputs by name (``ids``, ``counts``, ``lengths``, ``tokens``,
+        ``new_lens``, ``block_ids``, ``key_counts``, ``caps``, ``starts``), those it has.
+    facts : ManagerFacts
+        The manager's geometry and lookups.
+    needed, available : int
+        Blocks, for ``PoolExhausted``.
+    requested : int
+        New sequences the call asked for, for ``TooManySequences`` (0: one per prompt).
+    """
+
+    status: int
+    bad: int
+    inputs: dict
+    facts: ManagerFacts
+    needed: int = 0
+    available: int = 0
+    requested: int = 0
+
+
+def _at(f: Failure, name: str) -> int:
+    return int(f.inputs[name][f.bad])
+
+
+def _key_count(f: Failure) -> Exception:
+    if "starts" in f.inputs:  # set_keys
+        ids, starts, counts = f.inputs["ids"], f.inputs["starts"], f.inputs["counts"]
+        if f.bad < 0 and starts.shape[0] == ids.shape[0] == counts.shape[0]:
+            return ValueError(f"keys has a row count other than sum(counts) = {counts.sum()}")
+        return ValueError("starts and counts need one entry per id")
+    if f.bad < 0:
+        return ValueError("key_counts needs one entry per prompt and must sum to the rows of keys")
+    return ValueError(
+        f"key_counts[{f.bad}] = {_at(f, 'key_counts')} is outside [0, lengths[{f.bad}] // "
+        f"block_size = {_at(f, 'lengths') // f.facts.block_size}]"
+    )
+
+
+def _cap(f: Failure) -> Exception:
+    if f.bad < 0:
+        return ValueError("max_hit_blocks needs one entry per prompt")
+    return ValueError(f"max_hit_blocks[{f.bad}] = {_at(f, 'caps')} is negative")
+
+
+def _new_len(f: Failure) -> Exception:
+    if f.inputs["new_lens"][f.bad] < 0:
+        return ValueError(f"new_lens[{f.bad}] = {_at(f, 'new_lens')} is negative")
+    seq_id = _at(f, "ids")
+    return ValueError(
+        f"new_lens[{f.bad}] = {_at(f, 'new_lens')} exceeds the {f.facts.seq_len(seq_id)} tokens "
+        f"of sequence {seq_id}; truncate never grows a sequence"
+    )
+
+
+def _block_in_use(f: Failure) -> Exception:
+    block = _at(f, "block_ids")
+    return ValueError(
+        f"block {block} (block_ids[{f.bad}]) is referenced by a sequence (refcount "
+        f"{f.facts.ref(block)}); only cached blocks can be evicted"
+    )
+
+
+def _token_mismatch(f: Failure) -> Exception:
+    ids, counts, lengths = f.inputs.get("ids"), f.inputs.get("counts"), f.inputs.get("lengths")
+    if counts is not None and counts.shape != ids.shape:
+        return ValueError(f"counts has {counts.shape[0]} entries for {ids.shape[0]} ids")
+    if lengths is not None:
+        return ValueError(
+            f"tokens has {f.inputs['tokens'].shape[0]} entries but lengths sum to "
+            f"{sum(int(x) for x in lengths)}"
+        )
+    return ValueError(f"tokens does not hold one id per appended token ({int(counts.sum())})")
+
+
+def _too_long(f: Failure) -> Exception:
+    limit = f.facts.max_seq_len
+    if "lengths" in f.inputs:
+        length = _at(f, "lengths")
+        return SequenceTooLong(
+            -1,
+            length,
+            limit,
+            f"prompt {f.bad} has {length} tokens, more than max_seq_len={limit}",
+        )
+    seq_id = _at(f, "ids")
+    return SequenceTooLong(seq_id, f.facts.seq_len(seq_id) + _at(f, "counts"), limit)
+
+
+def _too_many(f: Failure) -> Exception:
+    lengths = f.inputs.get("lengths")
+    requested = f.requested or (0 if lengths is None else lengths.shape[0])
+    return TooManySequences(requested, f.facts.free_slots(), f.facts.max_seqs)
+
+
+def _bad_key_position(f: Failure) -> Exception:
+    seq_id, start, count = _at(f, "ids"), _at(f, "starts"), _at(f, "counts")
+    full = f.facts.seq_len(seq_id) // f.facts.block_size
+    return ValueError(
+        f"key positions {start} .. {start + count - 1} of sequence {seq_id} are not all full "
+        f"blocks (it holds {full} full blocks)"
+    )
+
+
+#: The typed exception of every non-zero kernel status, built from the failed call.
+STATUS_ERRORS: dict[int, Callable[[Failure], Exception]] = {
+    ST_POOL_EXHAUSTED: lambda f: PoolExhausted(f.needed, f.available),
+    ST_UNKNOWN_SEQ: lambda f: InvalidSequence(_at(f, "ids")),
+    ST_RELEASED_SEQ: lambda f: SequenceReleased(_at(f, "ids")),
+    ST_TOO_LONG: _too_long,
+    ST_TOO_MANY_SEQS: _too_many,
+    ST_DUPLICATE_ID: lambda f: ValueError(
+        f"sequence id {_at(f, 'ids')} appears more than once in one call"
+    ),
+    ST_NEGATIVE_COUNT: lambda f: ValueError(f"counts[{f.bad}] = {_at(f, 'counts')} is negative"),
+    ST_TOKEN_MISMATCH: _token_mismatch,
+    ST_BAD_TOKEN: lambda f: ValueError(f"tokens[{f.bad}] is negative; token ids must be >= 0"),
+    ST_BAD_LENGTH: lambda f: ValueError(
+        f"lengths[{f.bad}] = {_at(f, 'lengths')}: every prompt needs at least one token"
+    ),
+    ST_BAD_NEW_LEN: _new_len,
+    ST_BAD_BLOCK: lambda f: ValueError(
+        f"block_ids[{f.bad}] = {_at(f, 'block_ids')} is outside the pool of "
+        f"{f.facts.num_blocks} blocks"
+    ),
+    ST_BLOCK_IN_USE: _block_in_use,
+    ST_BAD_KEY_COUNT: _key_count,
+    ST_BAD_CAP: _cap,
+    ST_BAD_KEY_POSITION: _bad_key_position,
+    ST_KEY_CONFLICT: lambda f: ValueError(
+        f"a block of sequence {_at(f, 'ids')} already has another key"
+    ),
+}
+
+
+def error_for(failure: Failure) -> Exception:
+    """The typed exception of ``failure.status`` (:data:`STATUS_ERRORS`).
+
+    Parameters
+    ----------
+    failure : Failure
+        The failed call.
+
+    Returns
+    -------
+    Exception
+        A ``RuntimeError`` for a status the table does not know (a kernel bug).
+    """
+    build = STATUS_ERRORS.get(failure.status)
+    if build is None:  # pragma: no cover - every status a kernel returns is in the table
+        return RuntimeError(f"unexpected kernel status {failure.status}")
+    return build(failure)

@@ -25,7 +25,7 @@ import numpy as np
 
 from kvnumba._coordinator import PoolCoordinator
 from kvnumba._filelock import FileLock, fcntl
-from kvnumba._inputs import check_state_bytes, index_array, positive_int
+from kvnumba._kernels import ensure_fresh_cache
 from kvnumba._kernels import physical_pages as K
 from kvnumba._process import FORK_AWARE, process_start_time
 from kvnumba._shm import check_name, lock_path, open_shm
@@ -37,6 +37,7 @@ from kvnumba.errors import (
     InvariantViolation,
     PoolExhausted,
 )
+from kvnumba.inputs import check_state_bytes, index_array, positive_int
 
 __all__ = ["PagePool", "PoolState", "process_start_time"]
 
@@ -63,6 +64,7 @@ def _load_kernels() -> None:
     global _KERNELS_LOADED
     if _KERNELS_LOADED:
         return
+    ensure_fresh_cache()
     arena = np.zeros(K.arena_layout(1)[2], dtype=np.uint8)
     K.init_arena(arena, 1)
     me = np.array([1, 1, 1], dtype=np.int64)

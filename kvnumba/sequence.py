@@ -6,8 +6,8 @@ import operator
 
 import numpy as np
 
-from kvnumba._inputs import index_array
 from kvnumba.errors import InvalidPosition, SequenceReleased
+from kvnumba.inputs import index_array
 from kvnumba.results import AppendResult
 
 

@@ -9,6 +9,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import kvnumba
+from kvnumba._kernels import ensure_fresh_cache
+
+# Tests call some workers directly: the stale-cache guard runs before any kernel is loaded.
+ensure_fresh_cache()
 
 # Kernels are compiled (or loaded from NUMBA_CACHE_DIR) on first use; never let that count
 # against a hypothesis deadline.

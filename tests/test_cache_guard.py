@@ -1,4 +1,5 @@
-"""Cached kernels compiled from other sources are dropped when the package is imported."""
+"""Cached kernels compiled from other sources are dropped before the first kernel is loaded,
+and importing the package touches no file."""
 
 from __future__ import annotations
 
@@ -26,11 +27,26 @@ def test_with_numba_cache_dir_set_only_that_cache_counts(tmp_path, monkeypatch):
     # sources must not make a cold cache look warm (no compile notice would be printed).
     from numba.core import config
 
-    from kvnumba import _dispatch
+    from kvnumba import kernels as entry_kernels
 
     monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
     dirs = kernels._cache_dirs()
     assert len(dirs) == 1 and tmp_path in dirs[0].parents
-    assert not _dispatch.is_cached("k_append")
+    assert not entry_kernels.is_cached("k_append")
     monkeypatch.setattr(config, "CACHE_DIR", "")
     assert kernels._cache_dirs() == [kernels._HERE / "__pycache__"]
+
+
+def test_importing_kvnumba_touches_no_file(tmp_path):
+    import subprocess
+    import sys
+
+    cache = tmp_path / "numba-cache"
+    code = (
+        "import kvnumba, kvnumba.manager, kvnumba.physical_pages, kvnumba.kernels, "
+        "kvnumba.state, kvnumba.sim, kvnumba.bench"
+    )
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(cache)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
+    # numba makes the (empty) cache folders when it decorates; no kernel is compiled or loaded.
+    assert not [path for path in cache.rglob("*") if path.is_file()]

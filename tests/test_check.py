@@ -1,7 +1,7 @@
 """``check()`` can fail: each corruption of the state arrays is named by the right invariant.
 
 The public ``state`` views are read-only; the tests corrupt the manager's writable arrays
-(``mgr._s``) directly, which no public call can do.
+(``mgr._arenas.s``) directly, which no public call can do.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from kvnumba import BlockManager, InvariantViolation
-from kvnumba._ids import split_id
 from kvnumba._state import M_CACHED, M_FREE_TOP, M_LIVE_SEQS, M_REGISTERED, M_SLOT_TOP, M_USED
+from kvnumba.ids import split_id
 
 
 def busy_manager():
@@ -27,13 +27,13 @@ def busy_manager():
 
 
 def first_free(mgr):
-    return int(mgr._s.free_stack[mgr._s.meta[M_FREE_TOP] - 1])
+    return int(mgr._arenas.s.free_stack[mgr._arenas.s.meta[M_FREE_TOP] - 1])
 
 
 def first_cached(mgr):
     from kvnumba._state import M_LRU_HEAD
 
-    return int(mgr._s.meta[M_LRU_HEAD])
+    return int(mgr._arenas.s.meta[M_LRU_HEAD])
 
 
 def slot_of(seq_id):
@@ -41,62 +41,62 @@ def slot_of(seq_id):
 
 
 CORRUPTIONS = {
-    "refcount": (lambda m, a: m._s.ref.__setitem__(0, 5), "refcount 5 differs"),
+    "refcount": (lambda m, a: m._arenas.s.ref.__setitem__(0, 5), "refcount 5 differs"),
     "table beyond length": (
-        lambda m, a: m._s.seq_table.__setitem__((slot_of(a), 5), 0),
+        lambda m, a: m._arenas.s.seq_table.__setitem__((slot_of(a), 5), 0),
         "set beyond the sequence's blocks",
     ),
     "table out of range": (
-        lambda m, a: m._s.seq_table.__setitem__((slot_of(a), 0), 99),
+        lambda m, a: m._arenas.s.seq_table.__setitem__((slot_of(a), 0), 99),
         "out-of-range block",
     ),
     "length beyond max": (
-        lambda m, a: m._s.seq_len.__setitem__(slot_of(a), 40),
+        lambda m, a: m._arenas.s.seq_len.__setitem__(slot_of(a), 40),
         "beyond max_seq_len",
     ),
     "free slot with table": (
-        lambda m, a: m._s.seq_table.__setitem__((7, 0), 3),
+        lambda m, a: m._arenas.s.seq_table.__setitem__((7, 0), 3),
         "free sequence slot 7",
     ),
     "free block payload": (
-        lambda m, a: m._s.tokens.__setitem__((first_free(m), 0), 7),
+        lambda m, a: m._arenas.s.tokens.__setitem__((first_free(m), 0), 7),
         "payload or flags",
     ),
     "free stack duplicate": (
-        lambda m, a: m._s.free_stack.__setitem__(0, m._s.free_stack[1]),
+        lambda m, a: m._arenas.s.free_stack.__setitem__(0, m._arenas.s.free_stack[1]),
         "listed twice",
     ),
-    "lru back link": (lambda m, a: m._s.lru_prev.__setitem__(first_cached(m), 3), "back link"),
-    "cached counter": (lambda m, a: m._s.meta.__setitem__(M_CACHED, 7), "counter"),
-    "used counter": (lambda m, a: m._s.meta.__setitem__(M_USED, 1), "counter"),
-    "live counter": (lambda m, a: m._s.meta.__setitem__(M_LIVE_SEQS, 9), "counter"),
-    "registered counter": (lambda m, a: m._s.meta.__setitem__(M_REGISTERED, 0), "counter"),
+    "lru back link": (lambda m, a: m._arenas.s.lru_prev.__setitem__(first_cached(m), 3), "back link"),
+    "cached counter": (lambda m, a: m._arenas.s.meta.__setitem__(M_CACHED, 7), "counter"),
+    "used counter": (lambda m, a: m._arenas.s.meta.__setitem__(M_USED, 1), "counter"),
+    "live counter": (lambda m, a: m._arenas.s.meta.__setitem__(M_LIVE_SEQS, 9), "counter"),
+    "registered counter": (lambda m, a: m._arenas.s.meta.__setitem__(M_REGISTERED, 0), "counter"),
     "lost block": (
-        lambda m, a: m._s.meta.__setitem__(M_FREE_TOP, m._s.meta[M_FREE_TOP] - 1),
+        lambda m, a: m._arenas.s.meta.__setitem__(M_FREE_TOP, m._arenas.s.meta[M_FREE_TOP] - 1),
         "neither referenced",
     ),
     "cached block unregistered": (
-        lambda m, a: m._s.block_flags.__setitem__(first_cached(m), 0),
+        lambda m, a: m._arenas.s.block_flags.__setitem__(first_cached(m), 0),
         "LRU list: block",
     ),
     "table entry of an unregistered block": (
-        lambda m, a: m._s.block_flags.__setitem__(m._s.seq_table[slot_of(a), 0], 1),
+        lambda m, a: m._arenas.s.block_flags.__setitem__(m._arenas.s.seq_table[slot_of(a), 0], 1),
         "not a registered block",
     ),
     "hashed without content": (
-        lambda m, a: m._s.block_flags.__setitem__(m._s.seq_table[slot_of(a), 0], 6),
+        lambda m, a: m._arenas.s.block_flags.__setitem__(m._arenas.s.seq_table[slot_of(a), 0], 6),
         "hashed without known content",
     ),
     "partial tail payload": (
-        lambda m, a: m._s.tokens.__setitem__((m._s.seq_table[slot_of(a), 2], 3), 5),
+        lambda m, a: m._arenas.s.tokens.__setitem__((m._arenas.s.seq_table[slot_of(a), 2], 3), 5),
         "payload past its fill",
     ),
     "hash mismatch": (
-        lambda m, a: m._s.tokens.__setitem__((m._s.seq_table[slot_of(a), 0], 0), 77),
+        lambda m, a: m._arenas.s.tokens.__setitem__((m._arenas.s.seq_table[slot_of(a), 0], 0), 77),
         "does not match its content",
     ),
-    "slot stack": (lambda m, a: m._s.slot_stack.__setitem__(0, slot_of(a)), "slot stack"),
-    "slot counter": (lambda m, a: m._s.meta.__setitem__(M_SLOT_TOP, 2), "counter"),
+    "slot stack": (lambda m, a: m._arenas.s.slot_stack.__setitem__(0, slot_of(a)), "slot stack"),
+    "slot counter": (lambda m, a: m._arenas.s.meta.__setitem__(M_SLOT_TOP, 2), "counter"),
 }
 
 

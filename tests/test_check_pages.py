@@ -1,6 +1,6 @@
 """``check()`` of a manager on a page pool can fail: each page corruption is named.
 
-The tests corrupt the manager's writable arrays (``mgr._s``) directly, which no public call can
+The tests corrupt the manager's writable arrays (``mgr._arenas.s``) directly, which no public call can
 do, and expect the first violated page invariant.
 """
 
@@ -32,7 +32,7 @@ def paged_manager():
     (s,) = mgr.new_sequences(1)
     mgr.append([s], [2])
     mgr.check()
-    assert mgr.mapped_pages().tolist() == [0, 1, 2] and int(mgr._s.meta[M_VTOP]) == 2
+    assert mgr.mapped_pages().tolist() == [0, 1, 2] and int(mgr._arenas.s.meta[M_VTOP]) == 2
     return mgr
 
 
@@ -95,6 +95,6 @@ CORRUPTIONS = [
 @pytest.mark.parametrize(("corrupt", "message"), CORRUPTIONS)
 def test_check_names_the_corrupted_page_invariant(corrupt, message):
     mgr = paged_manager()
-    corrupt(mgr._s)
+    corrupt(mgr._arenas.s)
     with pytest.raises(InvariantViolation, match=message):
         mgr.check()

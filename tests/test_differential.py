@@ -88,7 +88,7 @@ class Side:
 
     def arenas(self) -> list[bytes]:
         """Every state arena of the kernel side, as bytes (manager arenas, then the pool)."""
-        out = [m._arena.tobytes() for m in self.managers]
+        out = [m._arenas.arena.tobytes() for m in self.managers]
         if self.pool is not None:
             out.append(self.pool.arena.tobytes())
         return out

@@ -231,7 +231,7 @@ def test_reserved_blocks_are_never_handed_out():
 def test_check_accounts_for_reserved_blocks():
     mgr = kvnumba.BlockManager(6, 2, reserved_blocks=1)
     mgr.check()
-    mgr._s.tokens[0, 1] = 7  # a reserved block must never be written
+    mgr._arenas.s.tokens[0, 1] = 7  # a reserved block must never be written
     with pytest.raises(kvnumba.InvariantViolation, match="reserved block 0"):
         mgr.check()
 

@@ -352,7 +352,7 @@ def test_live_managers_never_share_a_tag():
 
 
 def test_generation_wraps_to_one_after_its_limit_in_kernels_and_model():
-    from kvnumba._ids import generation_limit, make_id, split_id
+    from kvnumba.ids import generation_limit, make_id, split_id
     from kvnumba.reference import ReferenceBlockManager
 
     mgr = BlockManager(8, 2, max_seqs=2)
@@ -360,7 +360,7 @@ def test_generation_wraps_to_one_after_its_limit_in_kernels_and_model():
     limit = generation_limit(2)
     assert limit == (1 << 46) - 1  # 1 slot bit: 46 bits of generation under the 16-bit tag
     # Put slot 0 at the last generation on both sides, then hand it out twice more.
-    mgr._s.seq_gen[0] = limit - 1
+    mgr._arenas.s.seq_gen[0] = limit - 1
     ref._gen[0] = limit - 1
     first = mgr.new_sequences(1).tolist()
     assert first == ref.new_sequences(1).tolist() == [make_id(mgr.id_tag, limit, 0, 2)]
@@ -375,7 +375,6 @@ def test_generation_wraps_to_one_after_its_limit_in_kernels_and_model():
 
 
 def test_a_tag_outside_its_range_is_refused_and_tags_can_run_out(monkeypatch):
-    from kvnumba import _ids
     from kvnumba.reference import ReferenceBlockManager
 
     for bad in (0, -1, 1 << 16):
@@ -391,8 +390,6 @@ def test_a_tag_released_while_a_tag_is_taken_does_not_deadlock():
     # A garbage collection inside new_tag can run a collected manager's finalizer in the same
     # thread, which releases its tag under the same lock.
     import threading
-
-    from kvnumba import _ids
 
     def release_inside():
         with _ids._lock:

@@ -159,10 +159,10 @@ def _page_op(arena, scratch, pool, op, b):
 
 def _log_on(mgr) -> None:
     """Start a logged call as the kernels do: log switched on, empty, ``meta`` saved whole."""
-    x = mgr._x
+    x = mgr._arenas.x
     x["scr"][S_LOG_ON] = 1
     x["scr"][S_LOG_N] = 0
-    x["meta_save"][:] = mgr._s.meta
+    x["meta_save"][:] = mgr._arenas.s.meta
 
 
 # --- 1. the prefix table ------------------------------------------------------------------------
@@ -191,11 +191,11 @@ class _TableModel:
     def insert(self, b, h, salt, tokens, write=True):
         if write:  # the block's content (written by the registration, not by the table)
             self.write(b, h, salt, tokens)
-        _table_op(self.mgr._arena, self.mgr._scratch, 0, b, np.uint64(h), 0)
+        _table_op(self.mgr._arenas.arena, self.mgr._arenas.scratch, 0, b, np.uint64(h), 0)
         self.live[b] = (h, salt, tuple(tokens))
 
     def write(self, b, h, salt, tokens):
-        s = self.mgr._s
+        s = self.mgr._arenas.s
         s.block_hash[b] = np.uint64(h)
         s.block_salt[b] = salt
         s.tokens[b] = tokens
@@ -204,18 +204,18 @@ class _TableModel:
         # As ``evict_block`` does: record k keeps the hash, then the entry becomes the mark.
         k = len(self.marks)
         h = self.live.pop(b)[0]
-        self.mgr._x["ev_hash"][k] = np.uint64(h)
-        self.mgr._x["scr"][S_EV_N] = k + 1
-        _table_op(self.mgr._arena, self.mgr._scratch, 1, b, np.uint64(h), k)
+        self.mgr._arenas.x["ev_hash"][k] = np.uint64(h)
+        self.mgr._arenas.x["scr"][S_EV_N] = k + 1
+        _table_op(self.mgr._arenas.arena, self.mgr._arenas.scratch, 1, b, np.uint64(h), k)
         self.marks[k] = h
 
     def purge(self):
-        _table_op(self.mgr._arena, self.mgr._scratch, 2, 0, np.uint64(0), 0)
-        self.mgr._x["scr"][S_EV_N] = 0  # what the committing call does after the purge
+        _table_op(self.mgr._arenas.arena, self.mgr._arenas.scratch, 2, 0, np.uint64(0), 0)
+        self.mgr._arenas.x["scr"][S_EV_N] = 0  # what the committing call does after the purge
         self.marks.clear()
 
     def check(self, rng, block_size):
-        s = self.mgr._s
+        s = self.mgr._arenas.s
         htab = s.htab.astype(np.int64)
         mask = htab.shape[0] - 1
         # Exactly the model's entries: live blocks once each, marks of pending records once each.
@@ -243,7 +243,7 @@ class _TableModel:
         salts = np.array([q[1] for q in queries], dtype=np.int64)
         probes = np.array([q[2] for q in queries], dtype=np.int64).reshape(-1, block_size)
         out = np.empty(len(queries), dtype=np.int64)
-        _find_all(self.mgr._arena, self.mgr._scratch, hashes, salts, probes, out)
+        _find_all(self.mgr._arenas.arena, self.mgr._arenas.scratch, hashes, salts, probes, out)
         assert list(out) == [self.content_of(q) for q in queries]
 
 
@@ -252,7 +252,7 @@ def test_prefix_table_against_dict_model(seed):
     rng = np.random.default_rng(seed)
     n, bs = 16, 2
     mgr = BlockManager(n, bs, max_seqs=2)
-    assert mgr._s.htab.shape[0] == 64  # the homes in _HASHES assume this size
+    assert mgr._arenas.s.htab.shape[0] == 64  # the homes in _HASHES assume this size
     model = _TableModel(mgr)
     for _ in range(150):
         op = rng.random()
@@ -278,17 +278,17 @@ def test_prefix_table_against_dict_model(seed):
             fresh = [(b, _pick_hash(rng)) for b in idle[:2]]
             for b, h in fresh:
                 model.write(b, h, 0, (7, 7))
-            before, saved = mgr._arena.copy(), (dict(model.live), dict(model.marks))
+            before, saved = mgr._arenas.arena.copy(), (dict(model.live), dict(model.marks))
             _log_on(mgr)
             for b in list(model.live)[:3]:
                 model.mark(b)
             for b, h in fresh:
                 if b not in model.live and model.content_of((h, 0, (7, 7))) == NIL:
                     model.insert(b, h, 0, (7, 7), write=False)
-            _rollback(mgr._arena, mgr._scratch, mgr._scratch)
-            assert mgr._x["scr"][S_EV_N] == 0
+            _rollback(mgr._arenas.arena, mgr._arenas.scratch, mgr._arenas.scratch)
+            assert mgr._arenas.x["scr"][S_EV_N] == 0
             model.live, model.marks = saved
-            assert mgr._arena.tobytes() == before.tobytes()
+            assert mgr._arenas.arena.tobytes() == before.tobytes()
             model.check(rng, bs)
     model.purge()
     model.check(rng, bs)
@@ -339,7 +339,7 @@ def _walk(nxt, start, limit):
 
 
 def _check_list(mgr, model, tailed):
-    s = mgr._s
+    s = mgr._arenas.s
     n = s.lru_next.shape[0]
     head = s.meta[M_LRU_HEAD]
     assert _walk(s.lru_next, head, n) == model
@@ -356,13 +356,13 @@ def test_list_helpers_against_python_list(tailed):
     rng = np.random.default_rng(7 + tailed)
     n = 12
     mgr = BlockManager(n, 2, max_seqs=2)
-    s, x = mgr._s, mgr._x
+    s, x = mgr._arenas.s, mgr._arenas.x
     model = []
     for step in range(300):
         outside = [b for b in range(n) if b not in model]
         if outside and (not model or rng.random() < 0.55):
             b = int(rng.choice(outside))
-            _list_op(mgr._arena, mgr._scratch, 0, b, tailed)
+            _list_op(mgr._arenas.arena, mgr._arenas.scratch, 0, b, tailed)
             if tailed:
                 model.append(b)
             else:
@@ -370,7 +370,7 @@ def test_list_helpers_against_python_list(tailed):
         else:
             b = int(rng.choice(model))
             links = (s.lru_prev[b], s.lru_next[b])
-            _list_op(mgr._arena, mgr._scratch, 1, b, tailed)
+            _list_op(mgr._arenas.arena, mgr._arenas.scratch, 1, b, tailed)
             model.remove(b)
             # Dancing links: the node keeps its own links, only the neighbours change.
             assert (s.lru_prev[b], s.lru_next[b]) == links
@@ -378,19 +378,19 @@ def test_list_helpers_against_python_list(tailed):
         if step % 25 == 24:
             # Logged: an unlink costs one entry per neighbour (the ends live in meta, saved whole),
             # and the rollback restores every link.
-            before, saved = mgr._arena.copy(), list(model)
+            before, saved = mgr._arenas.arena.copy(), list(model)
             _log_on(mgr)
             for b in list(model[:3]):
                 p, q = s.lru_prev[b], s.lru_next[b]
                 logged = x["scr"][S_LOG_N]
-                _list_op(mgr._arena, mgr._scratch, 1, b, tailed)
+                _list_op(mgr._arenas.arena, mgr._arenas.scratch, 1, b, tailed)
                 model.remove(b)
                 assert x["scr"][S_LOG_N] - logged == (p != NIL) + (q != NIL)
             for b in [b for b in range(n) if b not in model][:3]:
-                _list_op(mgr._arena, mgr._scratch, 0, b, tailed)
-            _rollback(mgr._arena, mgr._scratch, mgr._scratch)
+                _list_op(mgr._arenas.arena, mgr._arenas.scratch, 0, b, tailed)
+            _rollback(mgr._arenas.arena, mgr._arenas.scratch, mgr._arenas.scratch)
             model = saved
-            assert mgr._arena.tobytes() == before.tobytes()
+            assert mgr._arenas.arena.tobytes() == before.tobytes()
             _check_list(mgr, model, tailed)
 
 
@@ -455,14 +455,14 @@ def _paged_manager(on_evict=None, block_keys=False):
 @pytest.mark.parametrize("name", _LOGGED)
 def test_rollback_restores_each_logged_field(name):
     mgr = _paged_manager(block_keys=name == "block_key")  # key rows exist with block_keys only
-    field = getattr(mgr._s, name)
+    field = getattr(mgr._arenas.s, name)
     flat = field.reshape(-1)  # a view: seq_table is 2-D and logged by flat index
     code = getattr(FIELD, name)
     i = field.shape[1] + 1 if field.ndim == 2 else 1  # seq_table[1, 1]
     j = flat.shape[0] - 1
     if name in ("block_hash", "block_key"):
         flat[i] = np.uint64(2**63 + 12345)  # the int64 log entry must keep the top bit
-    before, meta_before = mgr._arena.copy(), mgr._s.meta.copy()
+    before, meta_before = mgr._arenas.arena.copy(), mgr._arenas.s.meta.copy()
     old_i, old_j = flat[i].item(), flat[j].item()
 
     def as_arg(value):
@@ -474,15 +474,15 @@ def test_rollback_restores_each_logged_field(name):
     _log_on(mgr)
     # Two writes to one element: only a backward replay restores the first old value.
     for value, at in ((old_i + 3, i), (old_i + 5, i), (old_j + 1, j)):
-        _logged_write(mgr._arena, mgr._scratch, code, at, as_arg(value))
-    assert mgr._x["scr"][S_LOG_N] == 3
+        _logged_write(mgr._arenas.arena, mgr._arenas.scratch, code, at, as_arg(value))
+    assert mgr._arenas.x["scr"][S_LOG_N] == 3
     assert flat[i].item() == (old_i + 5) % 2 ** (8 * field.dtype.itemsize)
     assert flat[j].item() != old_j
-    mgr._s.meta[M_USED] += 9  # meta needs no entries: it is saved whole
-    _rollback(mgr._arena, mgr._scratch, mgr._pool.arena)
-    assert mgr._x["scr"][S_LOG_ON] == 0 and mgr._x["scr"][S_LOG_N] == 0
-    assert np.array_equal(mgr._s.meta, meta_before)
-    assert mgr._arena.tobytes() == before.tobytes()
+    mgr._arenas.s.meta[M_USED] += 9  # meta needs no entries: it is saved whole
+    _rollback(mgr._arenas.arena, mgr._arenas.scratch, mgr.page_pool.arena)
+    assert mgr._arenas.x["scr"][S_LOG_ON] == 0 and mgr._arenas.x["scr"][S_LOG_N] == 0
+    assert np.array_equal(mgr._arenas.s.meta, meta_before)
+    assert mgr._arenas.arena.tobytes() == before.tobytes()
 
 
 @pytest.mark.parametrize("row", [-1, 0])
@@ -490,17 +490,17 @@ def test_rollback_restores_token_rows(row):
     # U_TOKROW: a scrubbed block gets its payload back from its eviction record (row >= 0), or a
     # blank block that was written goes back to -1 (row -1).
     mgr = _paged_manager(on_evict=lambda *args: None)  # keeps eviction payloads
-    tokens = mgr._s.tokens
+    tokens = mgr._arenas.s.tokens
     b = 0 if row >= 0 else tokens.shape[0] - 1
     assert (tokens[b] >= 0).all() if row >= 0 else (tokens[b] == -1).all()
-    before = mgr._arena.copy()
+    before = mgr._arenas.arena.copy()
     _log_on(mgr)
     if row >= 0:
-        mgr._x["ev_tok"][row] = tokens[b]
-    _log_entry(mgr._arena, mgr._scratch, U_TOKROW, b, row)
+        mgr._arenas.x["ev_tok"][row] = tokens[b]
+    _log_entry(mgr._arenas.arena, mgr._arenas.scratch, U_TOKROW, b, row)
     tokens[b] = -1 if row >= 0 else 42
-    _rollback(mgr._arena, mgr._scratch, mgr._pool.arena)
-    assert mgr._arena.tobytes() == before.tobytes()
+    _rollback(mgr._arenas.arena, mgr._arenas.scratch, mgr.page_pool.arena)
+    assert mgr._arenas.arena.tobytes() == before.tobytes()
 
 
 # --- 4. page buckets ------------------------------------------------------------------------------
@@ -548,7 +548,7 @@ class _PageModel:
 
 
 def _check_pages(mgr, model):
-    s, k = mgr._s, model.k
+    s, k = mgr._arenas.s, model.k
     for c in range(1, k):
         assert _walk(s.bucket_next, s.buckets[c], len(s.page_free)) == model.buckets[c], c
         front = model.buckets[c][0] if model.buckets[c] else NIL
@@ -581,16 +581,16 @@ def test_take_from_pages_fullest_page_first(k):
     held = []
     for _ in range(200):
         if not held or rng.random() < 0.55:
-            b = _page_op(mgr._arena, mgr._scratch, pool.arena, 0, 0)
+            b = _page_op(mgr._arenas.arena, mgr._arenas.scratch, pool.arena, 0, 0)
             assert b == model.take()
             if b != NIL:
                 held.append(int(b))
         else:
             b = held.pop(int(rng.integers(len(held))))
-            _page_op(mgr._arena, mgr._scratch, pool.arena, 1, b)
+            _page_op(mgr._arenas.arena, mgr._arenas.scratch, pool.arena, 1, b)
             model.give(b)
         # Each op is a call of its own: the map records start empty again.
-        mgr._x["scr"][S_MAP_N] = 0
-        mgr._x["scr"][S_UNMAP_N] = 0
+        mgr._arenas.x["scr"][S_MAP_N] = 0
+        mgr._arenas.x["scr"][S_UNMAP_N] = 0
         assert pool.num_free == model.pool_free
         _check_pages(mgr, model)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import kvnumba
 from kvnumba import PagePool, PoolExhausted, SequenceReleased, SequenceTooLong
-from kvnumba._ids import ID_TAG_SHIFT
 from kvnumba._state import CALL_ROOM_INPUTS, CALL_ROOM_MAX_HITS, M_ID_TAG
+from kvnumba.ids import ID_TAG_SHIFT
 
 
 def _key(i):
@@ -232,7 +232,7 @@ def test_one_request_calls_of_the_longest_prompt_with_one_sequence_slot(keyed, l
         )
 
     one, batched = make(), make()
-    assert one._x["slots"].shape[0] == 64 + CALL_ROOM_INPUTS
+    assert one._arenas.x["slots"].shape[0] == 64 + CALL_ROOM_INPUTS
     _batched_refused(one, "admit", "append")  # the fast path must serve every call
     tokens = np.arange(length, dtype=np.int64) % 11
     full = length // 4
@@ -263,7 +263,7 @@ def test_admit_one_of_more_blocks_than_the_call_room_holds_takes_the_batched_pat
         return kvnumba.BlockManager(blocks + 1, 1, max_seqs=1, max_seq_len=blocks)
 
     one, batched = make(), make()
-    assert one._x["slots"].shape[0] == CALL_ROOM_MAX_HITS + CALL_ROOM_INPUTS
+    assert one._arenas.x["slots"].shape[0] == CALL_ROOM_MAX_HITS + CALL_ROOM_INPUTS
     fallbacks = _batched_spied(one, "admit")
     tokens = np.arange(blocks, dtype=np.int64) % 5
     for round_ in range(2):  # the second admit reuses all but the last block
@@ -305,7 +305,7 @@ def test_append_one_of_a_whole_block_bigger_than_a_sequence_of_blocks():
         return kvnumba.BlockManager(8, 64, max_seqs=1, max_seq_len=64)
 
     one, batched = make(), make()
-    assert one._x["slots"].shape[0] == 64 + CALL_ROOM_INPUTS
+    assert one._arenas.x["slots"].shape[0] == 64 + CALL_ROOM_INPUTS
     _batched_refused(one, "append")
     a, b = one.new_sequences(1)[0], batched.new_sequences(1)[0]
     assert one.append_one(int(a), 64) == (0, 1, -1, -1)

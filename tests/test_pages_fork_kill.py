@@ -94,7 +94,7 @@ def _fork_worker(name: str, results) -> None:
                 (
                     "child",
                     os.getpid(),
-                    mgr._client,
+                    mgr._pages.client,
                     mgr.mapped_pages().tolist(),
                     loose,
                     extra.tolist(),
@@ -167,10 +167,10 @@ def _verify(pool: PagePool, mgr: BlockManager) -> list[str]:
         mapped = mgr.mapped_pages()
         owner = pool.snapshot().owner
     rows = owner[mapped]
-    mine = np.flatnonzero(owner[:, K.O_CLIENT] == mgr._client)
+    mine = np.flatnonzero(owner[:, K.O_CLIENT] == mgr._pages.client)
     errors = []
     if (
-        not (rows[:, K.O_CLIENT] == mgr._client).all()
+        not (rows[:, K.O_CLIENT] == mgr._pages.client).all()
         or not (rows[:, K.O_PID] == os.getpid()).all()
     ):
         errors.append(f"pid {os.getpid()}: my pages {mapped.tolist()} have records {rows.tolist()}")

@@ -90,13 +90,13 @@ def _verify_pages(pool: PagePool, mgr: BlockManager) -> list[str]:
         mapped = mgr.mapped_pages()
         owner = pool.state.owner
         rows = owner[mapped].copy()
-        mine = np.flatnonzero(owner[:, K.O_CLIENT] == mgr._client)
+        mine = np.flatnonzero(owner[:, K.O_CLIENT] == mgr._pages.client)
         del owner
     if np.unique(mapped).size != mapped.size:
         errors.append(f"a physical page is mapped twice: {mapped.tolist()}")
     if mgr.stats().mapped_pages != mapped.size:
         errors.append(f"stats().mapped_pages {mgr.stats().mapped_pages} != {mapped.size}")
-    if not (rows[:, K.O_CLIENT] == mgr._client).all() or not (rows[:, K.O_PID] == pid).all():
+    if not (rows[:, K.O_CLIENT] == mgr._pages.client).all() or not (rows[:, K.O_PID] == pid).all():
         errors.append(f"pages {mapped.tolist()} of mine have owner records {rows.tolist()}")
     if rows[:, K.O_VIRTUAL].tolist() != virtual.tolist():
         errors.append(
@@ -221,8 +221,8 @@ def _run_ops(pool: PagePool, mgr: BlockManager, seed: int, ops: int) -> tuple[di
     mgr.check()
     if mgr.mapped_pages().size or mgr.stats().mapped_pages:
         errors.append(f"still mapped after release + trim: {mgr.mapped_pages().tolist()}")
-    if pool.pages_of(mgr._client).size:
-        errors.append(f"the pool still records pages {pool.pages_of(mgr._client).tolist()}")
+    if pool.pages_of(mgr._pages.client).size:
+        errors.append(f"the pool still records pages {pool.pages_of(mgr._pages.client).tolist()}")
     stats = mgr.stats()
     if stats.used or stats.cached:
         errors.append(f"blocks left after release + trim: {stats}")
@@ -264,7 +264,7 @@ def _hold_worker(name: str, tokens: int, results) -> None:
     ids = mgr.new_sequences(1)
     mgr.append(ids, [tokens])
     mgr.check()
-    results.put((mgr._client, os.getpid(), mgr.mapped_pages().tolist()))
+    results.put((mgr._pages.client, os.getpid(), mgr.mapped_pages().tolist()))
     time.sleep(60)
 
 
@@ -416,7 +416,7 @@ def test_pages_of_a_killed_manager_are_reclaimed(explicit):
         assert mgr.mapped_pages().size == 2 and set(mgr.mapped_pages().tolist()) <= set(pages)
         assert pool.num_free == pool.num_pages - 2
         for p in mgr.mapped_pages().tolist():
-            assert pool.owner_of(p)[:2] == (mgr._client, os.getpid())
+            assert pool.owner_of(p)[:2] == (mgr._pages.client, os.getpid())
 
         mgr.release(ids)
         mgr.trim()

@@ -168,7 +168,7 @@ def test_a_call_after_a_holder_died_repairs_first(pool, case, how):
     holder = die_holding_the_lock(pool)  # as if it had written the torn state and been killed
     with pytest.raises(InvariantViolation, match=rf"process {holder} died holding"):
         pool.check()
-    allocate(pool, how, mgr, mgr._client if how != "map_pages" else client, 1)
+    allocate(pool, how, mgr, mgr._pages.client if how != "map_pages" else client, 1)
     accounted(pool)
     if case == "unmap_mark":
         assert pool.owner_of(page)[:2] == (client, os.getpid())
@@ -184,7 +184,7 @@ def test_an_exhausted_call_repairs_and_succeeds(pool, case, how):
     mgr = paged_manager(pool)
     client = pool.register_client()
     tear(pool, case, client)
-    allocate(pool, how, mgr, mgr._client if how != "map_pages" else client, NUM_PAGES)
+    allocate(pool, how, mgr, mgr._pages.client if how != "map_pages" else client, NUM_PAGES)
     accounted(pool)
     assert pool.num_free == 0
 

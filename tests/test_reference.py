@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvnumba._ids import make_id
 from kvnumba.errors import (
     InvalidGeometry,
     InvalidSequence,
@@ -18,6 +17,7 @@ from kvnumba.errors import (
     SequenceTooLong,
     TooManySequences,
 )
+from kvnumba.ids import make_id
 from kvnumba.reference import ReferenceBlockManager
 
 

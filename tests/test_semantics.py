@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import kvnumba
 from kvnumba import BlockManager, PoolExhausted, Sequence
-from kvnumba._ids import make_id
 from kvnumba._state import M_LRU_HEAD, NIL
+from kvnumba.ids import make_id
 
 
 # ----------------------------------------------------------------------------------- helpers

@@ -14,7 +14,7 @@ from kvnumba import (
     Sequence,
     SequenceReleased,
 )
-from kvnumba._ids import make_id
+from kvnumba.ids import make_id
 
 
 def test_sequence_is_a_new_empty_sequence():

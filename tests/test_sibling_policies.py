@@ -67,7 +67,7 @@ def owners(pool, managers) -> dict[int, tuple[int, int]]:
             if owner is not None:
                 out[p] = ([id(m) for m in managers].index(id(owner[0])), owner[1])
         return out
-    clients = [m._client for m in managers]
+    clients = [m._pages.client for m in managers]
     owner = pool.state.owner
     return {
         p: (clients.index(int(owner[p, O_CLIENT])), int(owner[p, O_VIRTUAL]))

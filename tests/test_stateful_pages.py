@@ -53,7 +53,7 @@ def kernel_cache_only(mgr) -> list[tuple[int, int]]:
 
 def kernel_owners(pool, managers) -> dict[int, tuple[int, int]]:
     """Physical page -> (index of its manager, virtual page), from the pool's owner table."""
-    clients = [m._client for m in managers]
+    clients = [m._pages.client for m in managers]
     owner = pool.state.owner
     return {
         p: (clients.index(int(owner[p, O_CLIENT])), int(owner[p, O_VIRTUAL]))

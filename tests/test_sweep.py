@@ -245,12 +245,12 @@ def test_workers_load_the_kernels_and_compile_nothing(client, tmp_path):
 
 
 def test_warm_kernels_compiles_every_entry_kernel(monkeypatch):
-    from kvnumba import _dispatch
+    from kvnumba import kernels
 
     seen = []
-    monkeypatch.setattr(_dispatch, "compiled", seen.append)
+    monkeypatch.setattr(kernels, "compiled", seen.append)
     sweeps.warm_kernels()
-    assert seen == list(_dispatch.SIGNATURES)
+    assert seen == list(kernels.SIGNATURES)
 
 
 def test_ctrl_c_stops_a_local_sweep_with_status_130(tmp_path):

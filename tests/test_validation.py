@@ -20,7 +20,7 @@ from kvnumba import (
     SequenceTooLong,
     TooManySequences,
 )
-from kvnumba._ids import slot_bits
+from kvnumba.ids import slot_bits
 
 
 @pytest.fixture

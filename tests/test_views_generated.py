@@ -33,7 +33,7 @@ def test_carved_views_are_the_state_arrays():
     # The generated source compiled with numba's runtime, so that the views can come back to
     # Python (the kernel itself runs without it).
     carve_all = njit(getattr(views.views, "py_func", views.views))
-    carved = carve_all(mgr._arena, mgr._scratch, mgr._scratch)
+    carved = carve_all(mgr._arenas.arena, mgr._arenas.scratch, mgr._arenas.scratch)
     for f in STATE_FIELDS:
         got = getattr(carved, f.name)
         want = getattr(mgr.state, f.name)

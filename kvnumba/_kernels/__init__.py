@@ -4,9 +4,11 @@ Entry points (:mod:`.entry`, called by the facade) take the call's inputs and th
 :mod:`kvnumba._state`; workers and helpers are described in ``docs/design.md``. Kernels never
 raise: they return a status code from :mod:`kvnumba.errors`.
 
-Importing this package drops numba's on-disk cache of these modules when any of their sources
-(or the constants they inline from ``_state.py``, ``errors.py`` and ``_ids.py``) changed: numba keys a cached
-function by its own file only, and the workers here inline helpers from the other files.
+Before the first kernel of a process is compiled or loaded (:func:`ensure_fresh_cache`, called
+by ``kvnumba.kernels.compiled`` and the page pool's loader), numba's on-disk cache of these
+modules is dropped if any of their sources (or the constants they inline from ``_state.py``,
+``errors.py`` and ``ids.py``) changed: numba keys a cached function by its own file only, and
+the workers here inline helpers from the other files. Importing the package touches no file.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from numba.core.caching import _CacheLocator
 _HERE = Path(__file__).resolve().parent
 _SOURCES = (
     *sorted(_HERE.glob("*.py")),
-    *(_HERE.parent / name for name in ("_state.py", "errors.py", "_ids.py")),
+    *(_HERE.parent / name for name in ("_state.py", "errors.py", "ids.py")),
 )
 _MARKER = "kvnumba-kernels.sha256"
 
@@ -56,4 +58,16 @@ def drop_stale_cache() -> int:
     return removed
 
 
-drop_stale_cache()
+_checked = False
+
+
+def ensure_fresh_cache() -> None:
+    """Before the first kernel of a process is loaded: run :func:`drop_stale_cache` once, then
+    compile (or load) the helpers that state their signatures (``jit.compile_stated``)."""
+    global _checked
+    if not _checked:
+        _checked = True
+        drop_stale_cache()
+    from kvnumba._kernels.jit import compile_stated
+
+    compile_stated()

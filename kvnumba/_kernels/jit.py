@@ -28,14 +28,19 @@ numba's IR level instead.
 import inspect
 
 from numba import njit
+from numba.core.dispatcher import Dispatcher
 
 _HELPER = dict(cache=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 
 
-# Helpers with a stated signature taking the views, and those signatures: each also gets the
-# signature with the views of a manager on a page pool (:data:`.views.VIEWS_PAGED`), but only
-# when a paged kernel is first compiled (:func:`compile_paged_twins`), so that a program
-# without a page pool never compiles them. In decoration order: a helper's callees come first.
+# Helpers with a stated signature, in decoration order (a helper's callees come first), and
+# those signatures. They are compiled when the first kernel of a process is loaded
+# (:func:`compile_stated`), not at import, so that importing the package writes no cache file;
+# numba then refuses them other argument types. Each signature taking the views also gets its
+# twin with the views of a manager on a page pool (:data:`.views.VIEWS_PAGED`), but only when
+# a paged kernel is first compiled (:func:`compile_paged_twins`), so that a program without a
+# page pool never compiles them.
+_STATED: list = []
 _PAGED_TWINS: list = []
 
 
@@ -46,24 +51,40 @@ def _decorator(options, signatures):
         return njit(**options)
 
     def decorate(func):
-        dispatcher = njit(signatures, **options)(func)
-        _PAGED_TWINS.append((dispatcher, signatures))
+        dispatcher = njit(**options)(func)
+        if isinstance(dispatcher, Dispatcher):  # not under NUMBA_DISABLE_JIT
+            _STATED.append((dispatcher, signatures))
         return dispatcher
 
     return decorate
 
 
+def _signatures(signatures) -> list:
+    return signatures if isinstance(signatures, list) else [signatures]
+
+
+def compile_stated() -> None:
+    """Compile (or load from numba's cache) every helper's stated signatures, then refuse
+    other argument types; a no-op once done. Runs before the first kernel is compiled."""
+    for dispatcher, signatures in _STATED:
+        for signature in _signatures(signatures):
+            dispatcher.compile(signature)
+        dispatcher.disable_compile(True)
+        _PAGED_TWINS.append((dispatcher, signatures))
+    _STATED.clear()
+
+
 def compile_paged_twins() -> None:
     """Give every helper with a stated signature its twin for a paged manager's views.
 
-    numba compiles a stated signature at once and then refuses other argument types; a twin
-    is added by allowing one more compile (``disable_compile``). Called before a paged entry
-    kernel is compiled; a no-op once done.
+    A twin is added by allowing one more compile (``disable_compile``). Called before a paged
+    entry kernel is compiled; a no-op once done.
     """
     from kvnumba._kernels.views import VIEWS, VIEWS_PAGED
 
+    compile_stated()
     for dispatcher, signatures in _PAGED_TWINS:
-        for signature in signatures if isinstance(signatures, list) else [signatures]:
+        for signature in _signatures(signatures):
             if VIEWS not in signature.args:
                 continue
             args = [VIEWS_PAGED if arg == VIEWS else arg for arg in signature.args]

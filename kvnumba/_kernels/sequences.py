@@ -1,6 +1,6 @@
 """Sequence slots and ids; the kernels of new_sequences, fork, release and the read-only queries.
 
-A sequence id is ``tag << ID_TAG_SHIFT | generation << slot_bits | slot`` (:mod:`kvnumba._ids`):
+A sequence id is ``tag << ID_TAG_SHIFT | generation << slot_bits | slot`` (:mod:`kvnumba.ids`):
 the slot's generation grows every time the slot is handed out, so a stale id is told apart from
 an unknown one, and the manager's tag makes another manager's id unknown here.
 """
@@ -8,7 +8,6 @@ an unknown one, and the manager's tag makes another manager's id unknown here.
 import numpy as np
 from numba import int64, types
 
-from kvnumba._ids import ID_TAG_SHIFT, compose_id, generation_mask
 from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined, out_of_line
@@ -35,8 +34,9 @@ from kvnumba.errors import (
     ST_TOO_MANY_SEQS,
     ST_UNKNOWN_SEQ,
 )
+from kvnumba.ids import ID_TAG_SHIFT, compose_id, generation_mask
 
-# The id layout is written once, in kvnumba._ids; the kernels compile the same functions.
+# The id layout is written once, in kvnumba.ids; the kernels compile the same functions.
 _generation_mask = inlined(generation_mask)
 _compose_id = inlined(compose_id)
 
@@ -71,7 +71,7 @@ def open_slot(v, salt):
     log_write(v, FIELD.seq_salt, slot, v.seq_salt[slot])
     log_write(v, FIELD.seq_len, slot, v.seq_len[slot])
     bits = meta[M_SLOT_BITS]
-    gen = v.seq_gen[slot] % _generation_mask(bits) + 1  # wraps to 1 (kvnumba._ids)
+    gen = v.seq_gen[slot] % _generation_mask(bits) + 1  # wraps to 1 (kvnumba.ids)
     v.seq_gen[slot] = gen
     v.seq_live[slot] = 1
     v.seq_salt[slot] = salt

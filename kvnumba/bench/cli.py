@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
 
     fast_cls = _load_impl(args.impl)
     if args.impl == "kvnumba":
-        from kvnumba._dispatch import prepare
+        from kvnumba.kernels import prepare
 
         prepare(stream=sys.stderr)  # says so if it must compile, before any timing
     rows = {}

@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvnumba._inputs import hit_caps, key_rows
 from kvnumba.errors import SequenceTooLong
+from kvnumba.inputs import hit_caps, key_rows
 from kvnumba.reference._common import _as_int_array
 from kvnumba.results import BlockEvents, LookupResult
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvnumba._ids import ID_TAG_BITS, make_id, new_tag, next_generation, split_id
 from kvnumba.errors import (
     InvalidGeometry,
     InvalidSequence,
@@ -21,6 +20,7 @@ from kvnumba.errors import (
     SequenceTooLong,
     TooManySequences,
 )
+from kvnumba.ids import ID_TAG_BITS, make_id, new_tag, next_generation, split_id
 from kvnumba.reference._common import _COUNTERS, _as_int, _as_int_array
 from kvnumba.reference.blocks import BlocksMixin
 from kvnumba.reference.calls import CallsMixin
@@ -68,7 +68,7 @@ class ReferenceBlockManager(
         Blocks per virtual page ``k``; required with ``page_pool`` (and only with it) and must
         divide ``num_blocks``.
     id_tag : int, optional
-        The tag in the top bits of the ids (``kvnumba._ids``): pass a ``BlockManager``'s
+        The tag in the top bits of the ids (``kvnumba.ids``): pass a ``BlockManager``'s
         ``id_tag`` to hand out the same ids as it does; a process-unique tag by default.
     reserved_blocks : int, default 0
         Blocks ``0 .. reserved_blocks - 1`` are never handed out; 0 with a page pool.

@@ -282,7 +282,7 @@ def _main(argv: list[str], t_start: float) -> int:
         max_prefill_tokens=args.max_prefill_tokens,
     )
     if not args.reference:
-        from kvnumba._dispatch import prepare
+        from kvnumba.kernels import prepare
 
         prepare(stream=sys.stderr)  # says so if it must compile, before the progress bar
     with progress_bar(len(requests), "req", "simulate") as bar:

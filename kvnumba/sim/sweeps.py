@@ -320,7 +320,7 @@ def warm_kernels() -> None:
     Called in the client before a sweep submits any task, so that workers sharing the cache
     directory load the kernels instead of each compiling them at once on a busy machine.
     """
-    from kvnumba._dispatch import SIGNATURES, prepare
+    from kvnumba.kernels import SIGNATURES, prepare
 
     prepare(tuple(SIGNATURES), stream=sys.stderr)  # says so on stderr if it must compile
 

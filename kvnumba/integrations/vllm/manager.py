@@ -20,8 +20,8 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
 import kvnumba
-from kvnumba._ids import slot_bits
 from kvnumba._state import F_HASHED, M_USED
+from kvnumba.ids import slot_bits
 from kvnumba.integrations.engine_keys import KEY_BYTES, keys_from_hashes
 from kvnumba.integrations.vllm import _events
 from kvnumba.integrations.vllm._maintenance import CacheMaintenance

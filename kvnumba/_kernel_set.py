@@ -1,0 +1,96 @@
+"""``KernelSet``: the entry kernels one manager calls, each an attribute named after it.
+
+``manager.append`` calls ``kernels.k_append``, which is ``kvnumba._kernels.entry.k_append``
+compiled for the facade's argument types (:func:`kvnumba.kernels.compiled`), or its page
+variant ``k_append_paged`` on a page pool. One loading rule: an attribute starts as a
+:class:`Lazy` loader that compiles the kernel (or loads it from numba's cache) on first use and
+puts the compiled kernel in its place, so a program pays only for the kernels it calls. A
+manager on a page pool loads the quick start's kernels at construction and the pipeline loads
+any other before it takes the pool's lock, so that no process waits on the lock while another
+compiles.
+"""
+
+from __future__ import annotations
+
+from kvnumba.kernels import LAZY, ONE_REQUEST, SIGNATURES, compiled
+
+#: Entry kernels a manager can call, by their plain names (a page pool's variant is bound under
+#: the plain name).
+KERNEL_NAMES = tuple(name for name in SIGNATURES if not name.endswith("_paged"))
+
+_LOADED: dict = {}  # entry kernel name -> compiled entry point, shared by all managers
+
+
+def load(name: str):
+    """The compiled entry kernel ``name``, compiled or loaded from numba's cache once per
+    process."""
+    kernel = _LOADED.get(name)
+    if kernel is None:
+        kernel = _LOADED[name] = compiled(name)
+    return kernel
+
+
+class Lazy:
+    """Stands for an entry kernel until its first use, then puts the compiled one in its place.
+
+    Parameters
+    ----------
+    owner : KernelSet
+        The set whose attribute this is.
+    attribute : str
+        The attribute (the kernel's plain name).
+    name : str
+        The entry kernel to load (the page variant's name on a page pool).
+    """
+
+    __slots__ = ("owner", "attribute", "name")
+
+    def __init__(self, owner: KernelSet, attribute: str, name: str):
+        self.owner, self.attribute, self.name = owner, attribute, name
+
+    def load(self):
+        """Compile or load the kernel now and bind it in the owner; returns it."""
+        kernel = load(self.name)
+        setattr(self.owner, self.attribute, kernel)
+        return kernel
+
+    def __call__(self, *args):
+        return self.load()(*args)
+
+
+def _closed(*args):
+    raise ValueError("the block manager is closed")
+
+
+class KernelSet:
+    """The entry kernels of one manager (attributes ``k_append``, ``k_admit``, ...).
+
+    Parameters
+    ----------
+    paged : bool
+        Whether the manager is on a page pool: each kernel with a page variant is bound to it
+        and takes the pool's arena after the manager's two (``Arenas.call_args``).
+    """
+
+    __slots__ = KERNEL_NAMES
+
+    def __init__(self, paged: bool):
+        for name in KERNEL_NAMES:
+            entry = name + "_paged" if paged and name + "_paged" in SIGNATURES else name
+            if entry in _LOADED:
+                setattr(self, name, _LOADED[entry])
+            elif paged and name not in LAZY and name not in ONE_REQUEST:
+                # Compiled now, never under the page pool's lock (other processes would wait).
+                setattr(self, name, load(entry))
+            else:
+                setattr(self, name, Lazy(self, name, entry))
+
+    def close(self) -> None:
+        """Make every kernel raise ``ValueError`` (a closed manager)."""
+        for name in KERNEL_NAMES:
+            setattr(self, name, _closed)
+
+
+def ready(kernel):
+    """``kernel`` compiled: a :class:`Lazy` loader is loaded now (before a lock is taken)."""
+    return kernel.load() if type(kernel) is Lazy else kernel

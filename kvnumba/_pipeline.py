@@ -1,0 +1,207 @@
+"""``CallPipeline``: the one path of every state-changing call, written once.
+
+A state-changing entry kernel either commits or changes nothing and returns a status. The
+pipeline runs it; grows the scratch records and retries while the kernel asks for room
+(``ST_NEED_BUFFERS``); has a failed logged call undone (``k_rollback``); on a page pool, runs
+the call under the pool's lock with the coordinator's reclaim (:class:`PageSide`); turns a
+failure into its typed exception (``errors.STATUS_ERRORS``); and, once the call committed,
+keeps its block events and delivers its callbacks (``CallbackError`` carries the result).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvnumba import errors as E
+from kvnumba._kernel_set import ready
+from kvnumba._kernels.entry import AVAILABLE, BAD, NEEDED, RESULT, STATUS
+from kvnumba._state import M_SLOT_TOP, S_FAILED, S_LOG_ON
+
+
+class Facts:
+    """What an error message needs to know of a manager (:class:`kvnumba.errors.ManagerFacts`).
+
+    Parameters
+    ----------
+    arenas : Arenas
+        The manager's arenas (counters and reference counts).
+    kernels : KernelSet
+        Its kernels (a sequence's length is read through ``k_seq_lens``).
+    """
+
+    def __init__(self, arenas, kernels):
+        g = arenas.geometry
+        self.block_size = g.block_size
+        self.max_seq_len = g.max_seq_len
+        self.max_seqs = g.max_seqs
+        self.num_blocks = g.num_blocks
+        self._arenas = arenas
+        self._kernels = kernels
+
+    def seq_len(self, seq_id: int) -> int:
+        """Tokens held by the live sequence ``seq_id``."""
+        ids = np.array([seq_id], dtype=np.int64)
+        _, _, lengths = self._kernels.k_seq_lens(ids, *self._arenas.args)
+        return int(lengths[0])
+
+    def ref(self, block: int) -> int:
+        """Reference count of ``block``."""
+        return int(self._arenas.s.ref[block])
+
+    def free_slots(self) -> int:
+        """Sequence slots not in use."""
+        return int(self._arenas.s.meta[M_SLOT_TOP])
+
+
+class CallPipeline:
+    """Runs a manager's calls: retry, rollback, typed errors, events and callbacks.
+
+    Parameters
+    ----------
+    arenas : Arenas
+    kernels : KernelSet
+    events : EngineKeys
+        Keeps the block events of committed calls.
+    on_evict : callable or None
+        The manager's eviction callback.
+
+    Attributes
+    ----------
+    pages : PageSide or None
+        The page-pool part, set when the manager joins a pool.
+    failed_calls : int
+        Calls that failed for lack of blocks, and non-atomic calls that served only part of
+        their input (``Stats.failed_calls``).
+    facts : Facts
+        What error messages read of the manager.
+    """
+
+    def __init__(self, arenas, kernels, events, on_evict):
+        self.arenas = arenas
+        self.kernels = kernels
+        self.events = events
+        self.on_evict = on_evict
+        self.pages = None
+        self.failed_calls = 0
+        self.facts = Facts(arenas, kernels)
+
+    def run(self, kernel, inputs, *, atomic=True, grow=None, build=None, first=None, **context):
+        """Run one state-changing entry kernel to its end.
+
+        Parameters
+        ----------
+        kernel : callable
+            A ``KernelSet`` attribute; called as ``kernel(*inputs, *arenas.call_args)``.
+        inputs : tuple
+            The call's converted inputs.
+        atomic : bool
+            Whether the call is all-or-nothing (a page pool reclaims only for such calls).
+        grow : callable, optional
+            ``grow(result)`` makes room after ``ST_NEED_BUFFERS``; the call is then retried.
+        build : callable, optional
+            Makes the call's result from the kernel's result fields.
+        first : tuple, optional
+            The result of a first try the caller made already (without a page pool).
+        **context
+            The inputs by name, for the error message (``errors.Failure.inputs``).
+
+        Returns
+        -------
+        object
+            ``build(result fields)``, or None without ``build``.
+        """
+        kernel = ready(kernel)
+        arenas = self.arenas
+
+        def until_buffers_fit(result=None):
+            while True:
+                if result is None:
+                    result = kernel(*inputs, *arenas.call_args)
+                status = result[STATUS]
+                if status and arenas.scr[S_LOG_ON]:
+                    # A logged call that failed leaves its undo to the facade (k_rollback).
+                    self.kernels.k_rollback(*arenas.call_args)
+                if status != E.ST_NEED_BUFFERS or grow is None:
+                    return result
+                grow(result)
+                result = None
+
+        pages = self.pages
+        if pages is None:
+            result, givers, pending = until_buffers_fit(first), (), None
+        else:
+            pending = pages.orphans_first()
+            result, givers = pages.run_with_reclaim(until_buffers_fit, atomic)
+        status = result[STATUS]
+        if status:
+            self.fail(status, result[BAD], result[NEEDED], result[AVAILABLE], **context)
+        if not atomic and arenas.scr[S_FAILED]:  # set by a partial append or admit only
+            self.failed_calls += 1
+        out = None if build is None else build(result[RESULT])
+        if pages is None:
+            self.after_commit(out)
+        else:
+            self.events.collect()
+            pages.deliver(givers, out, pending)
+        return out
+
+    def after_commit(self, out, pending=None) -> None:
+        """A committed call without a page pool: keep its events, call ``on_evict``."""
+        if self.events.chunks is not None:
+            self.events.collect()
+        if self.on_evict is not None:
+            deliver_all((self.deliver_evictions,), out, pending)
+
+    def fail(self, status, bad, needed=0, available=0, requested=0, **inputs):
+        """Raise the typed exception of a failed call (the kernel changed nothing).
+
+        Parameters
+        ----------
+        status, bad : int
+            The kernel's status and offending input index.
+        needed, available : int
+            Blocks, for ``PoolExhausted``.
+        requested : int
+            New sequences asked for, for ``TooManySequences``.
+        **inputs
+            The call's inputs by name.
+        """
+        if status == E.ST_POOL_EXHAUSTED:
+            self.failed_calls += 1
+        failure = E.Failure(status, bad, inputs, self.facts, needed, available, requested)
+        raise E.error_for(failure)
+
+    def deliver_evictions(self) -> None:
+        """Call ``on_evict`` with copies of the last call's eviction records, if any."""
+        if self.on_evict is not None:
+            records = self.arenas.evictions()
+            if records is not None:
+                self.on_evict(*records)
+
+
+def deliver_all(deliveries, result=None, pending=None) -> None:
+    """Run every callback delivery of a committed call, even if one raises.
+
+    Parameters
+    ----------
+    deliveries : sequence of callables
+        Each delivers one callback of the call.
+    result : object
+        The call's result, carried by the ``CallbackError``.
+    pending : Exception, optional
+        A callback error raised earlier in the same call (it comes first).
+
+    Raises
+    ------
+    CallbackError
+        With the first callback exception as ``__cause__``, after every delivery ran.
+    """
+    error = pending
+    for deliver in deliveries:
+        try:
+            deliver()
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the others ran
+            if error is None:
+                error = exc
+    if error is not None:
+        raise E.CallbackError(result) from error

@@ -1,0 +1,75 @@
+"""What an integration may read of a manager's state: the public names of ``mgr.state``.
+
+``BlockManager.state`` is a :class:`State` of read-only views of the allocator's arrays (one
+field per array, documented on the class). Integrations that mirror the allocator (for example
+``kvnumba.integrations.vllm``, which shows vLLM its block pool) read them with the names below
+instead of private constants:
+
+- :class:`Meta`: the slots of ``state.meta`` (counters, stack tops, list ends);
+- :class:`BlockFlag`: the bits of ``state.block_flags``;
+- :data:`NIL`: "no block" in links, list ends and block tables;
+- :func:`seq_slot`: the row of ``state.seq_table`` (and of the other per-sequence fields) that
+  holds a sequence.
+
+Reading is safe between calls; the arrays change only inside a manager's calls.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, IntFlag
+
+from kvnumba import _state
+from kvnumba._state import NIL, State
+from kvnumba.ids import slot_bits, split_id
+
+__all__ = ["NIL", "BlockFlag", "Meta", "State", "seq_slot", "slot_mask"]
+
+
+class Meta(IntEnum):
+    """Slots of ``state.meta`` that integrations read."""
+
+    #: Blocks on the free stack (``state.free_stack[:FREE_TOP]``).
+    FREE_TOP = _state.M_FREE_TOP
+    #: Least recently released cached block (the next evicted), or ``NIL``; follow
+    #: ``state.lru_next`` from it.
+    LRU_HEAD = _state.M_LRU_HEAD
+    #: Most recently released cached block, or ``NIL``.
+    LRU_TAIL = _state.M_LRU_TAIL
+    #: Blocks with a reference count of at least 1 (reserved blocks not included).
+    USED = _state.M_USED
+    #: Blocks with reference count 0 kept in the prefix cache.
+    CACHED = _state.M_CACHED
+    #: Live sequences.
+    LIVE_SEQS = _state.M_LIVE_SEQS
+    #: Mapped virtual pages (page pools).
+    MAPPED = _state.M_MAPPED
+
+
+class BlockFlag(IntFlag):
+    """Bits of ``state.block_flags``."""
+
+    #: Every token written to the block came with an id.
+    KNOWN = _state.F_KNOWN
+    #: The block is full and has its chained hash or engine key (``state.block_hash``,
+    #: ``state.block_key``).
+    HASHED = _state.F_HASHED
+    #: The block is the prefix cache's entry for its hash or key (a lookup can hit it).
+    REGISTERED = _state.F_REGISTERED
+
+
+def slot_mask(max_seqs: int) -> int:
+    """The mask that takes a sequence id of a manager with ``max_seqs`` to its slot.
+
+    ``seq_id & slot_mask(mgr.max_seqs)`` equals :func:`seq_slot` for every live id of ``mgr``;
+    an engine that looks up many ids computes the mask once.
+    """
+    return (1 << slot_bits(max_seqs)) - 1
+
+
+def seq_slot(seq_id: int, max_seqs: int) -> int:
+    """The row of the per-sequence state fields (``state.seq_table``, ``state.seq_len``, ...)
+    that holds sequence ``seq_id`` of a manager with ``max_seqs``.
+
+    The id is not validated: check ``mgr.is_live(seq_id)`` first where it may be stale.
+    """
+    return split_id(seq_id, max_seqs)[2]
