@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
 import json
 import subprocess
 import sys
-from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +14,6 @@ from kvnumba.bench import runner, workloads
 from kvnumba.bench.workloads import OP_ADMIT, OP_DECODE, OP_FORK, OP_PREFILL, OP_RELEASE
 from kvnumba.reference import ReferenceBlockManager
 
-GEN_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "bench" / "gen_trace.py"
 FIELDS = ("op_kind", "op_ptr", "step_ptr", "ids", "vals", "prompt_len", "out_len")
 
 
@@ -74,38 +71,64 @@ def test_churn_and_micro_match_workloads_md():
         assert [v.tolist() for v in prefills] == [[k * 16]] * 50
 
 
-def _trace_steps(lines):
-    steps = [Counter()]
+# Digests of the reference operation trace of each standard workload at its full length
+# (docs/workloads.md: W-decode and W-fork 2000 steps, W-churn 5000, W-micro 50 repetitions of
+# k = 1, 16, 256, 4096 one after the other), recorded from the reference trace generator that
+# defines the workloads. Each value: (lines of the trace, sha256 of the trace in step order with
+# each step's lines sorted; see _step_digest). The workloads batch a step's operations by kind,
+# so only the order within a step may differ from the reference.
+REFERENCE_TRACES = {
+    "decode": (519870, "48de471a0c669b11d0fdbba183396c9e6d4d836fc025f6f6259463decac81132"),
+    "fork": (317444, "548f103af7dab5b3b8f1c973b431de7d53443d02c4162f82e688aaa4d99a31b1"),
+    "fork-nofork": (318557, "1de2be8790bf5638ac7642a9f2b1dec8a34bcbbd7e5f4bc57436b613b1303997"),
+    "churn": (148241, "33204b11fa16bfa71192de52f0de8e428da20be5fbb5b97f55c5f07b15dfb85f"),
+    "micro": (800, "1f2c31606a99a33981cef85cd3af2e4b8481b2d5c566a5447d9a7618852ddfd2"),
+}
+
+
+def _step_digest(lines: list[str]) -> tuple[int, str]:
+    """(number of lines, sha256 of the steps in order, each step's lines sorted)."""
+    steps: list[list[str]] = [[]]
     for line in lines:
         if line == "S":
-            steps.append(Counter())
+            steps.append([])
         else:
-            steps[-1][line] += 1
-    return steps
+            steps[-1].append(line)
+    digest = hashlib.sha256()
+    for step in steps:
+        digest.update(("\n".join(sorted(step)) + "\nS\n").encode())
+    return len(lines), digest.hexdigest()
 
 
-@pytest.mark.skipif(not GEN_TRACE.exists(), reason="shared/bench/gen_trace.py not beside the repo")
-@pytest.mark.parametrize("name", ["decode", "fork", "fork_nofork", "churn"])
-def test_same_operations_as_gen_trace(name):
-    spec = importlib.util.spec_from_file_location("gen_trace", GEN_TRACE)
-    gen_trace = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen_trace)
-    steps = 400
-    ours = {
-        "decode": lambda: workloads.decode(steps),
-        "fork": lambda: workloads.fork(steps),
-        "fork_nofork": lambda: workloads.fork(steps, share=False),
-        "churn": lambda: workloads.churn(steps),
-    }[name]()
-    theirs: list[str] = []
-    {
-        "decode": lambda: gen_trace.decode(theirs, S=steps),
-        "fork": lambda: gen_trace.fork(theirs, S=steps),
-        "fork_nofork": lambda: gen_trace.fork(theirs, S=steps, share=False),
-        "churn": lambda: gen_trace.churn(theirs, S=steps),
-    }[name]()
-    # Per step, the same operations (batching only regroups them within the step).
-    assert _trace_steps(ours.to_trace()) == _trace_steps(theirs)
+def _micro_trace() -> list[str]:
+    """The four W-micro workloads as one trace, sequence ids continuing from one to the next."""
+    lines, offset = [], 0
+    for k in workloads.MICRO_KS:
+        wl = workloads.micro(k)
+        for line in wl.to_trace():
+            op, *args = line.split()
+            if args:
+                args[0] = str(int(args[0]) + offset)
+            lines.append(" ".join([op, *args]))
+        offset += wl.num_seqs
+    return lines
+
+
+@pytest.mark.parametrize("name", list(REFERENCE_TRACES))
+def test_workloads_replay_the_reference_traces(name):
+    standard = workloads.standard()
+    lines = _micro_trace() if name == "micro" else standard[name]().to_trace()
+    assert _step_digest(lines) == REFERENCE_TRACES[name]
+
+
+def test_step_digest_sees_a_changed_count_and_a_moved_operation():
+    trace = ["N 0", "A 0 5", "S", "A 0 1", "N 1", "A 1 3", "S", "A 0 1", "R 0"]
+    same = ["A 0 5", "N 0", "S", "N 1", "A 1 3", "A 0 1", "S", "R 0", "A 0 1"]
+    assert _step_digest(trace) == _step_digest(same)  # order within a step does not count
+    changed = trace[:5] + ["A 1 4"] + trace[6:]
+    moved = trace[:3] + ["N 1", "A 1 3", "S", "A 0 1"] + trace[7:]
+    for other in (changed, moved):
+        assert _step_digest(other) != _step_digest(trace)
 
 
 def test_kvnumba_and_reference_agree_on_a_short_run():

@@ -1,5 +1,5 @@
 """The engine-independent parts of ``kvnumba.integrations``: hash/key conversion and the vLLM
-version check (vLLM itself is not needed; ``tools/vllm_env.sh compare`` tests the adapter)."""
+version check (vLLM itself is not needed; ``scripts/vllm_env.sh compare`` tests the adapter)."""
 
 from __future__ import annotations
 
@@ -67,4 +67,4 @@ def test_importing_the_adapter_without_vllm_says_which_vllm():
         with pytest.raises(ImportError, match="needs vLLM 0.33.0"):
             import kvnumba.integrations.vllm  # noqa: F401
     else:
-        pytest.skip("vLLM is installed here; the adapter is tested by tools/vllm_env.sh compare")
+        pytest.skip("vLLM is installed here; the adapter is tested by scripts/vllm_env.sh compare")

@@ -1,5 +1,5 @@
-"""Exact outcomes of the engine-key additions: keyed ``admit``, ``lookup``, ``set_keys`` and
-block events (``/work/scratch/notes/keys_api.md``; SPEC "Additions", engine block keys).
+"""Exact outcomes of the engine block keys: keyed ``admit``, ``lookup``, ``set_keys`` and block
+events (``docs/design.md``, "Engine keys, lookups, events, one-request calls").
 
 Every test runs against both implementations, the kernels (``kvnumba.BlockManager``) and the
 pure-Python model (``kvnumba.reference.ReferenceBlockManager``), and asserts numbers derived by

@@ -1,4 +1,4 @@
-"""Forked children and SIGKILLed processes on one shared PagePool (issue 10, holes 2 and 10).
+"""Forked children and SIGKILLed processes on one shared PagePool.
 
 - A manager (and a pool object) used in a forked child stamps the child's own pid and start
   time on the pages it maps, so that when the parent ends ``reclaim_dead()`` leaves them alone.
@@ -70,7 +70,7 @@ def _kill_pid(pid: int | None) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-# --------------------------------------------------------------- hole 2: a forked child's pages
+# ------------------------------------------------------------------------- a forked child's pages
 
 
 def _fork_worker(name: str, results) -> None:

@@ -1,4 +1,4 @@
-"""A page pool left half-written by a process killed inside a pool kernel (issue 10, hole 10).
+"""A page pool left half-written by a process killed inside a pool kernel.
 
 A SIGKILL can land between any two stores of a pool kernel. The states it can leave are written
 here directly into a shared pool's arena, as the kernels' store order makes them:

@@ -1,4 +1,4 @@
-"""One test (or a few) per rule of SPEC.md's "Semantics" section, against the real kernels.
+"""One test (or a few) per rule of the block manager's semantics, against the real kernels.
 
 Block ids follow the deterministic policies of docs/design.md: a new manager hands out blocks
 0, 1, 2, ...; a freed block is pushed on the free stack and handed out next; the LRU list of

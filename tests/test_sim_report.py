@@ -1,4 +1,4 @@
-"""What ``kvnumba simulate`` reports and accepts: the fixes of issue 12.
+"""What ``kvnumba simulate`` reports and accepts.
 
 Hit rate of first admissions apart from recompute, the ideal hit rate and the eviction hint,
 the whole command's wall time, the plot, input gaps (BOM, CRLF, binary files, Ctrl-C,
@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from outside_paths import outside_references
 
 from kvnumba.bench.cli import main as bench_main
 from kvnumba.sim import cli as sim_cli
@@ -180,7 +181,8 @@ def test_first_admissions_and_recompute_are_reported_apart():
 
 
 def test_azure_under_pressure_shows_no_prefix_hits(capsys):
-    # Issue 12: Azure carries no sharing, yet the old figure showed a few percent.
+    # Azure carries no sharing: hits that came from recomputing preempted requests must not
+    # count as prefix hits.
     _, res = run_json(capsys, "--trace", "azure", "--limit", "150", "--blocks", "500")
     assert res["preemptions"] > 0 and res["recompute_cached_tokens"] > 0
     assert res["prefix_hit_rate"] == 0.0 and res["prefix_hit_rate_incl_recompute"] > 0.01
@@ -242,8 +244,7 @@ def test_ideal_is_none_without_hash_ids():
 
 
 def test_unbounded_pool_reaches_the_ideal_exactly():
-    # Issue 12: with an unbounded pool the simulator serves exactly what the trace's hash_ids
-    # allow. Keep it so.
+    # With an unbounded pool the simulator serves exactly what the trace's hash_ids allow.
     reqs = load_trace(limit=300)
     cfg = SimConfig(num_blocks=1 << 21)
     res = simulate(reqs, cfg)
@@ -329,8 +330,8 @@ def test_plot_flag_with_log_y(tmp_path, capsys):
 
 
 # --- no reference to files the package does not ship ------------------------------------
-
-UNSHIPPED = ("SPEC.md", "shared/", "WORKLOADS.md", "gen_trace")
+# outside_paths.outside_references: absolute paths of a machine, folders beside the checkout
+# and the notes kept there (the same rules test_repository_paths applies to tracked files).
 
 
 def test_bench_help_and_output_name_no_unshipped_file(capsys):
@@ -341,8 +342,7 @@ def test_bench_help_and_output_name_no_unshipped_file(capsys):
     captured = capsys.readouterr()
     text += captured.out + captured.err
     assert "budgets" in text
-    for name in UNSHIPPED:
-        assert name not in text
+    assert outside_references(text) == []
 
 
 @pytest.mark.parametrize("command", ["simulate", "sweep"])
@@ -355,5 +355,4 @@ def test_help_names_no_unshipped_file(command):
         check=False,
     )
     assert proc.returncode == 0
-    for name in UNSHIPPED:
-        assert name not in proc.stdout
+    assert outside_references(proc.stdout) == []

@@ -1,6 +1,6 @@
 """kvnumba's vLLM adapter against vLLM's own manager, call for call (needs vLLM 0.33.0).
 
-Skipped without vLLM; ``tools/vllm_env.sh compare`` runs it in the vLLM test environment
+Skipped without vLLM; ``scripts/vllm_env.sh compare`` runs it in the vLLM test environment
 (``--noconftest``: that environment has no hypothesis). The randomized test drives vLLM's
 ``KVCacheManager`` and ``KVNumbaKVCacheManager`` with the same requests and calls and compares
 what the scheduler sees: prefix hits, whether an allocation fits, the number of new blocks, free

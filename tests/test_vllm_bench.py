@@ -1,4 +1,4 @@
-"""tools/vllm_bench.py without vLLM: the request streams and the timing proxy."""
+"""benchmarks/vllm_bench.py without vLLM: the request streams and the timing proxy."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "tools" / "vllm_bench.py"
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_bench.py"
 _spec = importlib.util.spec_from_file_location("vllm_bench", _PATH)
 vb = importlib.util.module_from_spec(_spec)
 # Its dataclasses look their module up in sys.modules while the module runs.
@@ -68,6 +68,27 @@ def test_mooncake_cuts_prompts_to_max_model_len(tmp_path):
     assert stream.info["prompts_cut_to_max_model_len"] == 2
     assert [s.req_id for s in stream.specs] == ["m1", "m2"]
     assert [s.arrival_step for s in stream.specs] == [0, 8]
+
+
+def test_default_trace_is_the_one_shipped_in_the_package():
+    import kvnumba
+
+    args = vb.parse_args([])
+    shipped = Path(kvnumba.__file__).resolve().parent / "data" / "mooncake_synthetic_trace.jsonl"
+    assert shipped.is_file() and Path(args.trace).resolve() == shipped
+    # The default arguments read the default rows of it.
+    stream = vb.mooncake_stream(
+        args.trace,
+        num_requests=3,
+        offset=args.offset,
+        hash_block_tokens=args.hash_block_tokens,
+        ms_per_step=args.ms_per_step,
+        max_model_len=args.max_model_len,
+        vocab=50_000,
+    )
+    assert [s.req_id for s in stream.specs] == [f"m{args.offset + k}" for k in range(3)]
+    # A synthetic run names no trace.
+    assert vb.parse_args(["--workload", "synthetic"]).trace is None
 
 
 def test_synthetic_prefix_groups_share_their_prefix():

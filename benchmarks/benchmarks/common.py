@@ -113,7 +113,7 @@ def manager(
     """
     entry = None if fresh else _MANAGERS.get(key)
     if entry is None:
-        _MANAGERS.pop(key, None)  # drop the old one first: a 1M-block pool is 190 MB
+        _MANAGERS.pop(key, None)  # drop the old one first: two 1M-block pools never coexist
         mgr = manager_class()(
             num_blocks, BLOCK_SIZE, max_seqs=max_seqs, max_seq_len=MAX_SEQ_LEN, **options
         )

@@ -1,5 +1,5 @@
 """The engine path: one request per call (``append_one``, ``admit_one``) and the keyed
-``lookup``, as vLLM's scheduler calls its manager (SPEC budget: <= 1 us of kvnumba time for a
+``lookup``, as vLLM's scheduler calls its manager (budget: <= 1 us of kvnumba time for a
 one-sequence append or admit). ``AppendDecode`` with ``batch=1`` is the batched call to compare
 with."""
 

@@ -1,6 +1,6 @@
 """The ``kvnumba bench`` command: the standard workloads, their replay, and the report.
 
-- :mod:`kvnumba.bench.workloads` generates the workloads of ``shared/bench/WORKLOADS.md`` as
+- :mod:`kvnumba.bench.workloads` generates the workloads of ``docs/workloads.md`` as
   batched operations (compact numpy arrays, one batched call per operation kind per step);
 - :mod:`kvnumba.bench.runner` replays a workload against a manager class and times only the
   allocator calls;

@@ -1,5 +1,5 @@
 """The engine path of ``kvnumba bench``: one request per call, as vLLM's scheduler calls its
-manager (SPEC budget: a one-sequence append or admit <= 1 us of kvnumba time).
+manager (budget: a one-sequence append or admit <= 1 us of kvnumba time).
 
 Two loops, each timed whole (an engine calls once per request of a step, so the state is warm):
 ``admit_one`` of the same keyed prompt :data:`CALLS` times (its 8 full blocks are cached: 8

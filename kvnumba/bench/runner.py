@@ -245,7 +245,7 @@ def run(workload: Workload, manager_cls, *, repeat: int = 5, impl: str | None = 
     manager_cls : type
         The implementation to time.
     repeat : int
-        Timed repetitions (WORKLOADS.md asks for medians of at least 5).
+        Timed repetitions (docs/workloads.md asks for medians of at least 5).
     impl : str, optional
         Name recorded in the result; the class name by default.
 

@@ -1,10 +1,10 @@
-"""The standard workloads of ``shared/bench/WORKLOADS.md`` as batched operations.
+"""The standard workloads of ``docs/workloads.md`` as batched operations.
 
 Every workload draws its lengths from ``numpy.random.default_rng(0)`` in the order the
-description lists them, so it is the same sequence of sequences as ``shared/bench/gen_trace.py``
-writes (one test checks that, step by step). Where the trace interleaves single operations, a
-:class:`Workload` groups one step's operations by kind into batched calls, in this order per
-step:
+description lists them, so it is the same sequence of sequences as the reference operation trace
+of each workload (``tests/test_bench.py`` checks that, step by step, against digests of those
+traces). Where the trace interleaves single operations, a :class:`Workload` groups one step's
+operations by kind into batched calls, in this order per step:
 
 - W-decode and W-fork: ``decode`` (1 token for every active sequence), ``release`` (those that
   reached their output length), then ``prefill`` (and ``fork``) of the replacements;
@@ -116,10 +116,10 @@ class Workload:
             yield int(kinds[k]), self.ids[lo:hi], vals, tokens
 
     def to_trace(self) -> list[str]:
-        """Expand into the line format of ``gen_trace.py`` (``S``, ``N``, ``A``, ``F``, ``R``).
+        """Expand into the operation trace format (``S``, ``N``, ``A``, ``F``, ``R``; one a line).
 
-        Within a step the lines come grouped by operation kind, not interleaved as the trace
-        writes them; per step the two are the same multiset of lines.
+        Within a step the lines come grouped by operation kind, not interleaved as the reference
+        trace writes them; per step the two are the same multiset of lines.
 
         Returns
         -------
@@ -225,7 +225,7 @@ def decode(steps: int = 2000, batch: int = 256, *, num_blocks: int = 65536) -> W
     Parameters
     ----------
     steps : int
-        Decode steps (2000 in WORKLOADS.md).
+        Decode steps (2000 in docs/workloads.md).
     batch : int
         Concurrent sequences (256).
     num_blocks : int
@@ -387,9 +387,9 @@ def micro(k: int, reps: int = 50, *, num_blocks: int = 65536) -> Workload:
     Parameters
     ----------
     k : int
-        Blocks per call (1, 16, 256 or 4096 in WORKLOADS.md).
+        Blocks per call (1, 16, 256 or 4096 in docs/workloads.md).
     reps : int
-        Repetitions (50, as ``gen_trace.py``).
+        Repetitions (50, as the reference trace).
     num_blocks : int
         Pool size (65536).
 
@@ -421,7 +421,7 @@ def standard(quick: bool = False) -> dict[str, Callable[[], Workload]]:
     Parameters
     ----------
     quick : bool
-        Use the short step counts of :data:`QUICK_STEPS` instead of WORKLOADS.md's.
+        Use the short step counts of :data:`QUICK_STEPS` instead of docs/workloads.md's.
 
     Returns
     -------

@@ -72,9 +72,9 @@ CONFIG_COLUMNS = (
 TIMING_COLUMNS = ("alloc_us_per_step_median", "alloc_us_per_step_mean", "replay_s", "wall_s")
 
 #: Dask settings of the local cluster's workers. A simulation is one long Python and numba call
-#: that holds the GIL; a worker's housekeeping (the event loop's 20 ms tick, the system monitor,
-#: the statistical profiler) takes the GIL from it on timers. Measured on a 2-core VM, one
-#: simulation took 3.71 s in a default worker, 3.54 s with these settings, 3.43 s outside Dask.
+#: that holds the GIL; a worker's housekeeping (the event loop's tick, the system monitor, the
+#: statistical profiler) takes the GIL from it on timers. Slower timers and no profiler leave a
+#: simulation in a worker nearly as fast as outside Dask.
 QUIET_WORKERS = {
     "distributed.admin.tick.interval": "1s",
     "distributed.admin.system-monitor.interval": "10s",

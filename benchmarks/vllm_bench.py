@@ -1,6 +1,6 @@
 """Side-by-side benchmark of vLLM's own Scheduler with vLLM's KV cache manager and kvnumba's.
 
-Run inside the cached vLLM 0.33.0 CPU environment (``tools/vllm_env.sh bench [ARGS]``). In one
+Run inside the cached vLLM 0.33.0 CPU environment (``scripts/vllm_env.sh bench [ARGS]``). In one
 process it builds a request stream (the Mooncake trace's lengths and 512-token prefix structure,
 or a synthetic stream), then drives vLLM's ``Scheduler`` through it step by step: ``schedule()``,
 a fake ``ModelRunnerOutput`` with one sampled token per request that finished its prefill, and
@@ -40,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_TRACE = "/work/shared/traces/mooncake_synthetic_trace.jsonl"
 # The Mooncake trace's hash_ids each stand for this many prompt tokens.
 TRACE_HASH_BLOCK = 512
 
@@ -824,7 +823,8 @@ def run_stream(
             m0, c0 = meter.ns, meter.calls
             g0, gk0 = meter.gc_ns, meter.gc_in_kv_ns
             # CPU time of the thread (the cores are shared: wall time includes time the process
-            # was not running); read outside the wall-clock windows, it costs about 1 us.
+            # was not running); read outside the wall-clock windows, so that its own cost does
+            # not count in them.
             u0 = cpu()
             t0 = clock()
             so = scheduler.schedule()
@@ -1157,12 +1157,24 @@ def method_table(groups: dict[str, list[dict]], runs: dict[str, list[RunResult]]
 # --------------------------------------------------------------------------------------------
 
 
+def default_trace() -> str:
+    """Path of the Mooncake trace shipped in the kvnumba package (its ``data`` folder)."""
+    from importlib import resources
+
+    return str(resources.files("kvnumba") / "data" / "mooncake_synthetic_trace.jsonl")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """Command-line options (see ``--help``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     w = p.add_argument_group("workload")
     w.add_argument("--workload", choices=("mooncake", "synthetic"), default="mooncake")
-    w.add_argument("--trace", default=DEFAULT_TRACE)
+    w.add_argument(
+        "--trace",
+        default=None,
+        help="Mooncake-format JSONL trace (default: the trace shipped in the kvnumba package, "
+        "kvnumba/data/mooncake_synthetic_trace.jsonl)",
+    )
     w.add_argument("--num-requests", type=int, default=1000)
     w.add_argument(
         "--offset",
@@ -1232,7 +1244,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--max-steps", type=int, default=200_000)
     r.add_argument("--json", metavar="PATH", help="write summaries, checks and per-step data")
     r.add_argument("--markdown", metavar="PATH", help="write the markdown report")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.workload == "mooncake" and args.trace is None:
+        args.trace = default_trace()
+    return args
 
 
 def build_stream(args, vocab: int, num_requests: int | None = None) -> Stream:

