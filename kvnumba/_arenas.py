@@ -10,23 +10,43 @@ kernels take and copies of what a committed call recorded.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
+from kvnumba import errors as E
 from kvnumba._kernels.undo import give_up_log_rows, undo_log_rows
 from kvnumba._state import (
+    M_ALLOCATIONS,
+    M_CACHED,
+    M_COW_COPIES,
+    M_EVICTIONS,
+    M_MAPPED,
+    M_PREFIX_HITS,
+    M_PREFIX_QUERIES,
+    M_USED,
     S_EV_N,
     S_EV_PAYLOAD,
     S_EVT_N,
     S_MAP_N,
     S_UNMAP_N,
+    SCRATCH_FIELDS,
+    STATE_FIELDS,
     Geometry,
     State,
+    arena_bytes,
     new_scratch,
     new_state,
+    scratch_dims,
+    state_dims,
 )
+from kvnumba._virtual_pages import check_pages
+from kvnumba.inputs import check_state_bytes, positive_int, switch
+from kvnumba.results import Stats
 
 #: Eviction records and undo-log rows of a new manager's scratch arena.
 FIRST_ROWS = 64
+DEFAULT_MAX_SEQ_LEN = 32768
 
 
 class Arenas:
@@ -162,6 +182,25 @@ class Arenas:
         """Copies of the state arrays."""
         return State(*(array.copy() for array in self.s))
 
+    def stats(self, failed_calls: int) -> Stats:
+        """Block counts and counters of committed work (``BlockManager.stats``)."""
+        meta = self.s.meta
+        # Reserved blocks count as used, as vLLM counts its null block: never free.
+        used = int(meta[M_USED]) + self.geometry.reserved_blocks
+        cached = int(meta[M_CACHED])
+        return Stats(
+            used=used,
+            cached=cached,
+            free=self.geometry.num_blocks - used - cached,
+            allocations=int(meta[M_ALLOCATIONS]),
+            evictions=int(meta[M_EVICTIONS]),
+            cow_copies=int(meta[M_COW_COPIES]),
+            prefix_queries=int(meta[M_PREFIX_QUERIES]),
+            prefix_hits=int(meta[M_PREFIX_HITS]),
+            mapped_pages=int(meta[M_MAPPED]),
+            failed_calls=failed_calls,
+        )
+
     def evictions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Copies of the last call's eviction records ``(ids, hashes, payloads)``, or None."""
         n = int(self.scr[S_EV_N])
@@ -186,3 +225,81 @@ class Arenas:
     def unmapped_records(self) -> np.ndarray:
         """``(physical, virtual)`` rows of the pages the last call unmapped (a view)."""
         return self.x["unmap_rec"][: int(self.scr[S_UNMAP_N])]
+
+
+def validated_geometry(
+    num_blocks,
+    block_size,
+    max_seqs,
+    max_seq_len,
+    *,
+    prefix_caching,
+    page_pool,
+    blocks_per_page,
+    reserved_blocks,
+    block_keys,
+    block_events,
+    hash_bits,
+) -> Geometry:
+    """The validated :class:`Geometry` of a new manager.
+
+    Raises
+    ------
+    InvalidGeometry
+        For sizes out of range, a page geometry that does not fit, or reserved blocks that
+        cannot be.
+    TypeError
+        For a switch that is not a bool, or a ``page_pool`` that is no ``PagePool``.
+    """
+    bad = E.InvalidGeometry
+    num_blocks = positive_int(num_blocks, "num_blocks", bad)
+    block_size = positive_int(block_size, "block_size", bad)
+    max_seqs = positive_int(max_seqs, "max_seqs", bad)
+    if max_seq_len is None:
+        max_seq_len = min(num_blocks * block_size, DEFAULT_MAX_SEQ_LEN)
+    max_seq_len = positive_int(max_seq_len, "max_seq_len", bad)
+    if max(num_blocks, max_seqs, max_seq_len) >= 2**31 - 1:
+        raise bad("num_blocks, max_seqs and max_seq_len must be below 2**31 - 1")
+    blocks_per_page = check_pages(num_blocks, page_pool, blocks_per_page)
+    if isinstance(reserved_blocks, (bool, np.bool_)):
+        raise TypeError("reserved_blocks must be an integer, not a bool")
+    reserved_blocks = operator.index(reserved_blocks)
+    if not 0 <= reserved_blocks < num_blocks:
+        raise bad(f"reserved_blocks must be in [0, {num_blocks}), got {reserved_blocks}")
+    if reserved_blocks and page_pool is not None:
+        # A reserved block is neither free nor in use, so its virtual page could never be
+        # unmapped: it would hold a physical page of the shared pool forever.
+        raise bad("reserved_blocks must be 0 with a page pool")
+    block_keys, block_events = (
+        switch(block_keys, "block_keys"),
+        switch(block_events, "block_events"),
+    )
+    if not 0 <= hash_bits <= 64:
+        raise bad("_hash_bits must be in [0, 64]")
+    return Geometry(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_seqs=max_seqs,
+        max_seq_len=max_seq_len,
+        blocks_per_seq=-(-max_seq_len // block_size),
+        blocks_per_page=blocks_per_page,
+        reserved_blocks=reserved_blocks,
+        prefix_caching=bool(prefix_caching),
+        block_keys=block_keys,
+        block_events=block_events,
+        hash_bits=hash_bits,
+    )
+
+
+def check_arena_bytes(g: Geometry, evict_payload: bool, max_state_bytes) -> None:
+    """``InvalidGeometry`` if the state and first scratch arenas exceed the memory bound."""
+    if max_state_bytes is not None:
+        max_state_bytes = positive_int(max_state_bytes, "max_state_bytes", E.InvalidGeometry)
+    state = arena_bytes(STATE_FIELDS, state_dims(g))
+    scratch = arena_bytes(SCRATCH_FIELDS, scratch_dims(g, FIRST_ROWS, FIRST_ROWS, evict_payload))
+    check_state_bytes(
+        state + scratch,
+        f"a manager of {g.num_blocks} blocks of {g.block_size} tokens and {g.max_seqs} "
+        f"sequences of {g.blocks_per_seq} blocks",
+        max_state_bytes,
+    )

@@ -139,8 +139,41 @@ class EngineKeys:
         named = {"lengths": lengths, "tokens": tokens_in, "key_counts": key_counts, "caps": caps}
         return inputs, named
 
-    def lookup(self, tokens, lengths, salts, keys, key_counts, max_hit_blocks) -> LookupResult:
-        """``BlockManager.lookup``: the hits ``admit`` would claim now, claiming nothing."""
+    def lookup(
+        self, tokens, lengths, *, salts=None, keys=None, key_counts=None, max_hit_blocks=None
+    ) -> LookupResult:
+        """Report the cache hits ``admit`` would claim now, claiming nothing.
+
+        Matching is exactly ``admit``'s (leading full blocks, the last prompt token never
+        counted, at most ``max_hit_blocks``); no reference, LRU position or counter changes.
+
+        Parameters
+        ----------
+        tokens : 1-D integer array-like or None
+            All prompts' token ids, concatenated (None with ``block_keys=True``: keys only).
+        lengths : 1-D integer array-like
+            Tokens per prompt (each >= 1).
+        salts : 1-D integer array-like, optional
+            Per-prompt cache salt (default 0).
+        keys : integer array-like of shape (K, 4), optional
+            Engine keys of the prompts' leading full blocks (``block_keys=True``),
+            ``key_counts[i]`` rows per prompt in prompt order.
+        key_counts : 1-D integer array-like, optional
+            Keys per prompt; default ``lengths // block_size``.
+        max_hit_blocks : int or 1-D integer array-like, optional
+            Cap on the hit blocks of every prompt.
+
+        Returns
+        -------
+        LookupResult
+            ``num_cached_tokens`` per prompt and ``block_ids`` (int32, one row per prompt,
+            padded with -1).
+
+        Raises
+        ------
+        SequenceTooLong, ValueError, TypeError
+            For input that ``admit`` would refuse as invalid.
+        """
         tokens_in, has_tokens, lengths, salts, keys, key_counts, caps = self.prompt_inputs(
             tokens, lengths, salts, keys, key_counts, max_hit_blocks
         )
@@ -161,7 +194,37 @@ class EngineKeys:
         return LookupResult(num_cached_tokens, block_ids)
 
     def set_keys(self, ids, starts, counts, keys) -> int:
-        """``BlockManager.set_keys``: register full blocks under their engine keys."""
+        """Give full blocks of live sequences their engine keys and register them.
+
+        For sequence ``ids[i]``, the blocks at table positions ``starts[i]`` to
+        ``starts[i] + counts[i] - 1`` get the next ``counts[i]`` rows of ``keys`` (blocks that
+        filled during decode or a later prefill chunk). A block is registered unless a
+        matching block is (the first one stays); a block that has this key already is left as
+        it is. Never allocates or evicts.
+
+        Parameters
+        ----------
+        ids : 1-D integer array-like
+            Live sequence ids, no duplicates.
+        starts, counts : 1-D integer array-like
+            First position and number of blocks per sequence; every position must be a full
+            block (``< seq_len // block_size``).
+        keys : integer array-like of shape (sum(counts), 4)
+            The keys, in ``ids`` order.
+
+        Returns
+        -------
+        int
+            Blocks newly registered.
+
+        Raises
+        ------
+        InvalidSequence, SequenceReleased
+            For an id that is not live.
+        ValueError, TypeError
+            For malformed input, a position that is not a full block, or a block that has
+            another key already; nothing is changed then.
+        """
         if not self.block_keys:
             raise ValueError("set_keys needs a manager built with block_keys=True")
         ids = index_array(ids, "ids")
@@ -178,11 +241,20 @@ class EngineKeys:
 
     @property
     def pending(self) -> bool:
-        """Whether :meth:`take` would return any event."""
+        """Whether :meth:`take_events` would return any event."""
         return bool(self.chunks)
 
-    def take(self) -> BlockEvents:
-        """Drain the events kept since the last ``take`` (``BlockManager.take_events``)."""
+    def take_events(self) -> BlockEvents:
+        """Drain the block events recorded since the last call of ``take_events``.
+
+        Returns
+        -------
+        BlockEvents
+            ``kind`` (uint8: 1 stored, 2 removed), ``block`` (int32) and ``key`` (uint64
+            ``[n, 4]``; in token mode the chained hash and three zero words), in the order the
+            events happened. Always empty unless the manager was built with
+            ``block_events=True``.
+        """
         chunks = self.chunks
         if not chunks:
             return BlockEvents(

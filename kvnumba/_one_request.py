@@ -158,8 +158,31 @@ class OneRequest:
         )
         return int(result.ids[0]), int(result.num_cached_tokens[0])
 
-    def lookup_one(self, length, salt, keys, max_hit_blocks) -> np.ndarray:
-        """``BlockManager.lookup_one``."""
+    def lookup_one(self, *, length, salt=0, keys, max_hit_blocks=None) -> np.ndarray:
+        """The blocks ``admit_one(None, length=..., keys=...)`` would reuse now, claiming
+        nothing (``block_keys=True``; the one-request form of ``lookup``).
+
+        Parameters
+        ----------
+        length : int
+            The prompt's length.
+        salt : int, default 0
+            Cache salt.
+        keys : integer array-like of shape (K, 4)
+            The engine keys of the prompt's first K full blocks.
+        max_hit_blocks : int, optional
+            Cap on the blocks reported.
+
+        Returns
+        -------
+        numpy.ndarray of int64
+            The hit blocks, in order (their number times ``block_size`` is the cached length).
+
+        Raises
+        ------
+        SequenceTooLong, ValueError, TypeError
+            As ``lookup``.
+        """
         length, salt = as_int(length, "length"), as_int(salt, "salt")
         cap = CAP_NONE if max_hit_blocks is None else as_int(max_hit_blocks, "max_hit_blocks")
         keys = key_array(keys)

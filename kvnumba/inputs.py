@@ -185,3 +185,10 @@ def check_state_bytes(needed: int, what: str, max_state_bytes: int | None = None
             raise InvalidGeometry(
                 f"{what} needs {needed} bytes of state, more than the {limit} bytes of {name}"
             )
+
+
+def switch(value, name: str) -> bool:
+    """A keyword switch: ``True``/``False`` (numpy booleans too), ``TypeError`` otherwise."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")

@@ -15,13 +15,14 @@ One manager is used by one thread at a time.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 
 import numpy as np
 
 from kvnumba import errors as E
-from kvnumba._arenas import FIRST_ROWS, Arenas
+from kvnumba._arenas import Arenas, check_arena_bytes, validated_geometry
 from kvnumba._engine_keys import EngineKeys
 from kvnumba._kernel_set import KernelSet
 from kvnumba._kernels.check import MESSAGES
@@ -36,31 +37,16 @@ from kvnumba._kernels.entry import (
 from kvnumba._one_request import CAP_NONE, OneRequest, as_int
 from kvnumba._pipeline import CallPipeline
 from kvnumba._state import (
-    M_ALLOCATIONS,
-    M_CACHED,
-    M_COW_COPIES,
-    M_EVICTIONS,
     M_LIVE_SEQS,
-    M_MAPPED,
-    M_PREFIX_HITS,
-    M_PREFIX_QUERIES,
-    M_USED,
     S_FAILED,
-    SCRATCH_FIELDS,
-    STATE_FIELDS,
-    Geometry,
     State,
-    arena_bytes,
-    scratch_dims,
-    state_dims,
 )
-from kvnumba._virtual_pages import PageSide, check_pages
+from kvnumba._virtual_pages import PageSide
 from kvnumba.ids import new_tag, split_id
-from kvnumba.inputs import check_state_bytes, index_array, positive_int
-from kvnumba.results import AdmitResult, AppendResult, BlockEvents, LookupResult, Stats
+from kvnumba.inputs import index_array, switch
+from kvnumba.results import AdmitResult, AppendResult, Stats
 
 DEFAULT_MAX_SEQS = 1024
-DEFAULT_MAX_SEQ_LEN = 32768
 _NO_TOKENS = np.empty(0, dtype=np.int64)
 _INT64 = np.dtype(np.int64)
 _UINT64 = np.dtype(np.uint64)
@@ -74,6 +60,21 @@ _NOT_COPYABLE = (
     "a BlockManager cannot be copied; snapshot() copies its state arrays, and a new manager "
     "replays the calls that built it"
 )
+
+
+def _public(part: str, method):
+    """A public call served wholly by one part (the manager's attribute ``part``): the part's
+    method, with its signature and docstring, called on the manager's part."""
+    name = method.__name__
+
+    def call(self, *args, **kwargs):
+        return getattr(getattr(self, part), name)(*args, **kwargs)
+
+    return functools.update_wrapper(call, method)
+
+
+def _geometry_property(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self._geometry, name), doc=doc)
 
 
 def _vector(value, name: str) -> np.ndarray:
@@ -143,7 +144,7 @@ class BlockManager:
         block_events: bool = False,
         _hash_bits: int = 64,
     ):
-        geometry = _geometry(
+        geometry = validated_geometry(
             num_blocks,
             block_size,
             max_seqs,
@@ -158,7 +159,7 @@ class BlockManager:
         )
         if on_evict is not None and not callable(on_evict):
             raise TypeError("on_evict must be callable")
-        _check_state_bytes(geometry, on_evict is not None, max_state_bytes)
+        check_arena_bytes(geometry, on_evict is not None, max_state_bytes)
         self._geometry = geometry
         self._id_tag = new_tag(self)
         self._arenas = Arenas(geometry, self._id_tag, on_evict is not None)
@@ -190,36 +191,16 @@ class BlockManager:
         )
 
     # ----------------------------------------------------------------------------- properties
-    num_blocks = property(lambda self: self._geometry.num_blocks, doc="Blocks in the pool.")
-    block_size = property(lambda self: self._geometry.block_size, doc="Token slots per block.")
-    max_seqs = property(lambda self: self._geometry.max_seqs, doc="Live sequences at most.")
-    max_seq_len = property(
-        lambda self: self._geometry.max_seq_len, doc="Tokens per sequence at most."
-    )
-    reserved_blocks = property(
-        lambda self: self._geometry.reserved_blocks,
-        doc="Blocks ``0 .. reserved_blocks - 1``, never handed out.",
-    )
-    prefix_caching = property(
-        lambda self: self._geometry.prefix_caching,
-        doc="Whether released full blocks stay cached for prefix reuse.",
-    )
-    block_keys = property(
-        lambda self: self._geometry.block_keys,
-        doc="Whether blocks are registered under engine keys (``block_keys=True``).",
-    )
-    id_tag = property(
-        lambda self: self._id_tag,
-        doc="The tag in the top bits of every id this manager hands out (:mod:`kvnumba.ids`).",
-    )
-    page_pool = property(
-        lambda self: None if self._pages is None else self._pages.pool,
-        doc="The :class:`kvnumba.PagePool` this manager maps its pages from, or None.",
-    )
-    blocks_per_page = property(
-        lambda self: self._geometry.blocks_per_page or None,
-        doc="Blocks per virtual page (None without a page pool).",
-    )
+    num_blocks = _geometry_property("num_blocks", "Blocks in the pool.")
+    block_size = _geometry_property("block_size", "Token slots per block.")
+    max_seqs = _geometry_property("max_seqs", "Live sequences at most.")
+    max_seq_len = _geometry_property("max_seq_len", "Tokens per sequence at most.")
+    reserved_blocks = _geometry_property("reserved_blocks", "Blocks never handed out.")
+    prefix_caching = _geometry_property("prefix_caching", "Whether full blocks are cached.")
+    block_keys = _geometry_property("block_keys", "Whether blocks carry engine keys.")
+    id_tag = property(lambda self: self._id_tag, doc="The tag of this manager's ids.")
+    page_pool = property(lambda self: self._pages and self._pages.pool, doc="Its PagePool.")
+    blocks_per_page = _geometry_property("blocks_per_page", "Blocks per page (0: no pool).")
 
     @property
     def state(self) -> State:
@@ -232,12 +213,8 @@ class BlockManager:
 
     # ---------------------------------------------------------------------------- batched API
     def new_sequences(self, count: int) -> np.ndarray:
-        """Create ``count`` (>= 0) empty sequences; returns their int64 ids.
-
-        Raises
-        ------
-        TooManySequences
-            If fewer than ``count`` sequence slots are free.
+        """Create ``count`` (>= 0) empty sequences; returns their int64 ids
+        (``TooManySequences`` if fewer slots are free).
         """
         if isinstance(count, bool):
             raise TypeError("count must be an integer, not a bool")
@@ -252,26 +229,17 @@ class BlockManager:
         return ids
 
     def append(self, ids, counts, tokens=None, *, atomic: bool = True) -> AppendResult:
-        """Grow each sequence ``ids[i]`` by ``counts[i]`` tokens.
+        """Grow each sequence ``ids[i]`` by ``counts[i]`` tokens (1-D integer inputs).
 
-        Parameters
-        ----------
-        ids : 1-D integer array-like
-            Live sequence ids, no duplicates.
-        counts : 1-D integer array-like
-            Tokens to append per sequence (>= 0).
-        tokens : 1-D integer array-like, optional
-            The new token ids (>= 0), concatenated in ``ids`` order; without them the slots
-            read -1 and the blocks are never cached.
-        atomic : bool, default True
-            All or nothing (``PoolExhausted``); otherwise each sequence in input order,
-            all-or-nothing, and ``ok`` tells which grew.
+        ``tokens`` (optional) holds the new token ids (>= 0) in ``ids`` order; without them the slots
+        read -1 and the blocks are never cached. ``atomic=False`` serves each sequence in input
+        order, all-or-nothing, and ``ok`` tells which grew.
 
         Returns
         -------
         AppendResult
-            ``slot_mapping`` per token, the ``cow_src -> cow_dst`` copies to perform on the
-            device, in order, and ``ok`` per sequence.
+            ``slot_mapping`` per token, the ``cow_src -> cow_dst`` copies to perform on the device,
+            in order, and ``ok`` per sequence.
 
         Raises
         ------
@@ -329,18 +297,14 @@ class BlockManager:
         Parameters
         ----------
         tokens : 1-D integer array-like, or None
-            All prompts' token ids (>= 0), concatenated. None only with ``block_keys=True``
-            (content unknown: only keys match).
+            All prompts' token ids (>= 0), concatenated; None only with ``block_keys=True``.
         lengths : 1-D integer array-like
             Tokens per prompt (each >= 1).
         salts : 1-D integer array-like, optional
             Per-prompt cache salt (default 0); blocks are never shared across salts.
-        keys : integer array-like of shape (K, 4), optional
-            ``block_keys=True``: engine keys of the prompts' leading full blocks,
-            ``key_counts[i]`` rows per prompt; a hit needs an equal key (256 bits), salt and,
-            when both are known, tokens.
-        key_counts : 1-D integer array-like, optional
-            Keys per prompt, each ``<= lengths[i] // block_size`` (the default).
+        keys, key_counts : optional
+            ``block_keys=True``: the engine keys (uint64 ``[K, 4]``) of the prompts' leading full
+            blocks, ``key_counts[i]`` rows per prompt (default ``lengths // block_size``).
         max_hit_blocks : int or 1-D integer array-like, optional
             Cap on the blocks reused per prompt.
         atomic : bool, default True
@@ -349,8 +313,8 @@ class BlockManager:
         Returns
         -------
         AdmitResult
-            ``ids`` (-1 for a prompt that did not fit), ``num_cached_tokens``,
-            ``slot_mapping`` of the uncached tokens in prompt order, ``ok``.
+            ``ids`` (-1 for a prompt that did not fit), ``num_cached_tokens``, ``slot_mapping`` of
+            the uncached tokens in prompt order, ``ok``.
 
         Raises
         ------
@@ -396,12 +360,8 @@ class BlockManager:
         )
 
     def fork(self, ids, n: int = 1) -> np.ndarray:
-        """Give every sequence ``n`` (>= 1) children that share all of its blocks.
-
-        Returns
-        -------
-        numpy.ndarray of int64, shape (len(ids), n)
-            The children's ids.
+        """Give every sequence of ``ids`` ``n`` (>= 1) children that share all of its blocks;
+        returns their int64 ids, shape ``(len(ids), n)``.
         """
         ids = index_array(ids, "ids")
         if isinstance(n, bool):
@@ -430,19 +390,11 @@ class BlockManager:
         self._pipeline.run(self._kernels.k_release, (ids,), ids=ids)
 
     def truncate(self, ids, new_lens) -> None:
-        """Shorten sequences (e.g. rejected speculative tokens) to ``new_lens`` tokens.
+        """Shorten each sequence ``ids[i]`` to ``new_lens[i]`` tokens (rejected speculative tokens).
 
-        Whole blocks past the new end drop one reference each, tail block first (as
-        :meth:`release`). A block the new end cuts into stays as the partial tail: its slots
-        past the end are scrubbed and it is unregistered once this sequence holds it alone
-        (``docs/design.md``, "Shrinking"). Never fails for lack of blocks.
-
-        Raises
-        ------
-        InvalidSequence, SequenceReleased, ValueError, TypeError
-            Nothing is changed by a failed call.
-        CallbackError
-            If ``on_unmap`` raised after the call committed.
+        Whole blocks past the new end drop one reference each, tail first (as :meth:`release`); a
+        block the new end cuts into stays as the partial tail (``docs/design.md``, "Shrinking").
+        Never fails for lack of blocks; nothing is changed by a failed call.
         """
         ids = index_array(ids, "ids")
         new_lens = index_array(new_lens, "new_lens")
@@ -451,30 +403,17 @@ class BlockManager:
         self._pipeline.run(self._kernels.k_truncate, (ids, new_lens), ids=ids, new_lens=new_lens)
 
     def evict(self, block_ids) -> int:
-        """Evict the given cached blocks (in this order), exactly as the LRU eviction does.
+        """Evict the given cached blocks, in order, as the LRU eviction does; returns the count.
 
-        Free and reserved blocks are skipped. Returns the number evicted.
-
-        Raises
-        ------
-        ValueError, TypeError
-            For an id outside the pool or a referenced block; nothing is changed then.
-        CallbackError
-            A callback raised after the call committed; ``.result`` is the count.
+        Free and reserved blocks are skipped; an id outside the pool or a referenced block is
+        ``ValueError`` (nothing changed). ``CallbackError.result`` is the count.
         """
         blocks = index_array(block_ids, "block_ids")
         return self._evicting(self._kernels.k_evict, (blocks,), block_ids=blocks)
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached prefix: nothing computed before the reset is hit afterwards.
-
-        Evicts every cached block (as :meth:`evict`) and unregisters the blocks live
-        sequences hold. Returns the number of blocks evicted.
-
-        Raises
-        ------
-        CallbackError
-            A callback raised after the call committed; ``.result`` is the count.
+        """Evict every cached block and unregister those live sequences hold, so that nothing
+        computed before the reset is hit afterwards; returns the blocks evicted.
         """
         return self._evicting(self._kernels.k_reset_prefix_cache, ())
 
@@ -516,57 +455,15 @@ class BlockManager:
         return bool(need <= available)
 
     # ------------------------------------------------------------------- engine keys, events
-    def lookup(
-        self, tokens, lengths, *, salts=None, keys=None, key_counts=None, max_hit_blocks=None
-    ) -> LookupResult:
-        """Report the cache hits ``admit`` would claim now, claiming nothing.
-
-        Takes ``admit``'s prompt arguments and matches exactly as it does; no reference, LRU
-        position or counter changes.
-
-        Returns
-        -------
-        LookupResult
-            ``num_cached_tokens`` per prompt and ``block_ids`` (int32, a row per prompt,
-            padded with -1).
-
-        Raises
-        ------
-        SequenceTooLong, ValueError, TypeError
-            For input that ``admit`` would refuse as invalid.
-        """
-        return self._keys.lookup(tokens, lengths, salts, keys, key_counts, max_hit_blocks)
-
-    def set_keys(self, ids, starts, counts, keys) -> int:
-        """Register full blocks of live sequences under their engine keys (``block_keys``).
-
-        Sequence ``ids[i]``'s blocks at table positions ``starts[i] .. starts[i] + counts[i] -
-        1`` get the next ``counts[i]`` rows of ``keys``; a block is registered unless a
-        matching one is. Never allocates or evicts. Returns the blocks newly registered.
-
-        Raises
-        ------
-        InvalidSequence, SequenceReleased, ValueError, TypeError
-            For a bad id, a position that is not a full block, or a block with another key;
-            nothing is changed then.
-        """
-        return self._keys.set_keys(ids, starts, counts, keys)
+    lookup = _public("_keys", EngineKeys.lookup)
+    set_keys = _public("_keys", EngineKeys.set_keys)
+    take_events = _public("_keys", EngineKeys.take_events)
+    lookup_one = _public("_one", OneRequest.lookup_one)
 
     @property
     def pending_events(self) -> bool:
         """Whether :meth:`take_events` would return any event (no arrays built)."""
         return self._keys.pending
-
-    def take_events(self) -> BlockEvents:
-        """Drain the block events recorded since the last call (``block_events=True``).
-
-        Returns
-        -------
-        BlockEvents
-            ``kind`` (uint8: 1 stored, 2 removed), ``block`` (int32), ``key`` (uint64
-            ``[n, 4]``; in token mode the chained hash and three zero words), in order.
-        """
-        return self._keys.take()
 
     # ---------------------------------------------------------------------- one request
     def append_one(self, seq_id, count, *, key_start=0, keys=None) -> tuple[int, int, int, int]:
@@ -576,8 +473,8 @@ class BlockManager:
         Returns
         -------
         tuple of int
-            ``(blocks_before, blocks_after, cow_src, cow_dst)``: the new blocks are table
-            positions ``blocks_before .. blocks_after - 1``; ``-1, -1`` for no block copy.
+            ``(blocks_before, blocks_after, cow_src, cow_dst)``: the new blocks are table positions
+            ``blocks_before .. blocks_after - 1``; ``-1, -1`` for no block copy.
 
         Raises
         ------
@@ -597,20 +494,8 @@ class BlockManager:
     def admit_one(
         self, tokens=None, *, length=None, salt=0, keys=None, max_hit_blocks=None
     ) -> tuple[int, int]:
-        """Admit one prompt (atomic), reusing its longest cached prefix.
-
-        Parameters
-        ----------
-        tokens : 1-D integer array-like, optional
-            The prompt's token ids; None with ``block_keys=True`` (``length`` required).
-        length : int, optional
-            The prompt's length; default ``len(tokens)``.
-        salt : int, default 0
-            Cache salt.
-        keys : integer array-like of shape (K, 4), optional
-            ``block_keys=True``: the engine keys of the prompt's first K full blocks.
-        max_hit_blocks : int, optional
-            Cap on the blocks reused.
+        """Admit one prompt (atomic) by its ``tokens``, or by ``length`` and engine ``keys``
+        (``block_keys=True``), reusing its longest cached prefix (at most ``max_hit_blocks``).
 
         Returns
         -------
@@ -644,11 +529,6 @@ class BlockManager:
                     return out
         return self._one.admit_one(tokens, length, salt, keys, max_hit_blocks)
 
-    def lookup_one(self, *, length, salt=0, keys, max_hit_blocks=None) -> np.ndarray:
-        """The blocks ``admit_one(None, length=..., keys=...)`` would reuse now, claiming
-        nothing (``block_keys=True``); returns their int64 ids, in order."""
-        return self._one.lookup_one(length, salt, keys, max_hit_blocks)
-
     def table_row(self, seq_id) -> np.ndarray:
         """The block table row of a live sequence: a read-only view of the state.
 
@@ -679,29 +559,16 @@ class BlockManager:
 
     # ------------------------------------------------------------------------------ page pool
     def trim(self) -> int:
-        """Give every cache-only page back to the page pool; returns the pages unmapped.
-
-        A cache-only page holds cached blocks but no referenced one: they are evicted
-        (``on_evict``) and the page unmapped (``on_unmap``). A no-op without a page pool.
-
-        Raises
-        ------
-        CallbackError
-            A callback raised after the pages were given back; ``.result`` is the count.
+        """Give every cache-only page (cached blocks, no referenced one) back to the page pool,
+        evicting its blocks; returns the pages unmapped (0 without a page pool).
         """
         return 0 if self._pages is None else self._pages.trim()
 
     def close(self) -> None:
         """Give every page back to the pool and retire the manager (a page pool's managers).
 
-        Its sequences and cached blocks are dropped without callbacks except ``on_unmap``;
-        any later call that reaches a kernel raises ``ValueError``. Idempotent; a manager
-        without a pool stays usable. Close the managers before their pool.
-
-        Raises
-        ------
-        CallbackError
-            If ``on_unmap`` raised; the manager is closed all the same.
+        Sequences and cached blocks are dropped without callbacks but ``on_unmap``; any later call
+        that reaches a kernel raises ``ValueError``. Idempotent; without a pool, a no-op.
         """
         if self._pages is not None:
             self._pages.close()
@@ -714,12 +581,8 @@ class BlockManager:
 
     # -------------------------------------------------------------------------- introspection
     def check(self) -> None:
-        """Recompute every invariant from scratch (O(pool)); raise on the first violation.
-
-        Raises
-        ------
-        InvariantViolation
-            Naming the first inconsistency found.
+        """Recompute every invariant from scratch (O(pool)); ``InvariantViolation`` names the
+        first inconsistency.
         """
         if self._pages is not None:
             code, a, b = self._pages.check()
@@ -730,22 +593,7 @@ class BlockManager:
 
     def stats(self) -> Stats:
         """Block counts and counters of committed work (see :class:`kvnumba.Stats`)."""
-        meta = self._arenas.s.meta
-        # Reserved blocks count as used, as vLLM counts its null block: never free.
-        used = int(meta[M_USED]) + self._geometry.reserved_blocks
-        cached = int(meta[M_CACHED])
-        return Stats(
-            used=used,
-            cached=cached,
-            free=self.num_blocks - used - cached,
-            allocations=int(meta[M_ALLOCATIONS]),
-            evictions=int(meta[M_EVICTIONS]),
-            cow_copies=int(meta[M_COW_COPIES]),
-            prefix_queries=int(meta[M_PREFIX_QUERIES]),
-            prefix_hits=int(meta[M_PREFIX_HITS]),
-            mapped_pages=int(meta[M_MAPPED]),
-            failed_calls=self._pipeline.failed_calls,
-        )
+        return self._arenas.stats(self._pipeline.failed_calls)
 
     def ref_count(self, block: int) -> int:
         """Reference count of ``block``."""
@@ -755,74 +603,6 @@ class BlockManager:
         return int(self._arenas.s.ref[block])
 
 
-def _geometry(
-    num_blocks,
-    block_size,
-    max_seqs,
-    max_seq_len,
-    *,
-    prefix_caching,
-    page_pool,
-    blocks_per_page,
-    reserved_blocks,
-    block_keys,
-    block_events,
-    hash_bits,
-) -> Geometry:
-    """The validated :class:`Geometry` of a new manager (``InvalidGeometry``, ``TypeError``)."""
-    bad = E.InvalidGeometry
-    num_blocks = positive_int(num_blocks, "num_blocks", bad)
-    block_size = positive_int(block_size, "block_size", bad)
-    max_seqs = positive_int(max_seqs, "max_seqs", bad)
-    if max_seq_len is None:
-        max_seq_len = min(num_blocks * block_size, DEFAULT_MAX_SEQ_LEN)
-    max_seq_len = positive_int(max_seq_len, "max_seq_len", bad)
-    if max(num_blocks, max_seqs, max_seq_len) >= 2**31 - 1:
-        raise bad("num_blocks, max_seqs and max_seq_len must be below 2**31 - 1")
-    blocks_per_page = check_pages(num_blocks, page_pool, blocks_per_page)
-    if isinstance(reserved_blocks, (bool, np.bool_)):
-        raise TypeError("reserved_blocks must be an integer, not a bool")
-    reserved_blocks = operator.index(reserved_blocks)
-    if not 0 <= reserved_blocks < num_blocks:
-        raise bad(f"reserved_blocks must be in [0, {num_blocks}), got {reserved_blocks}")
-    if reserved_blocks and page_pool is not None:
-        # A reserved block is neither free nor in use, so its virtual page could never be
-        # unmapped: it would hold a physical page of the shared pool forever.
-        raise bad("reserved_blocks must be 0 with a page pool")
-    block_keys, block_events = _flag(block_keys), _flag(block_events)
-    if not 0 <= hash_bits <= 64:
-        raise bad("_hash_bits must be in [0, 64]")
-    return Geometry(
-        num_blocks=num_blocks,
-        block_size=block_size,
-        max_seqs=max_seqs,
-        max_seq_len=max_seq_len,
-        blocks_per_seq=-(-max_seq_len // block_size),
-        blocks_per_page=blocks_per_page,
-        reserved_blocks=reserved_blocks,
-        prefix_caching=bool(prefix_caching),
-        block_keys=block_keys,
-        block_events=block_events,
-        hash_bits=hash_bits,
-    )
-
-
-def _check_state_bytes(g: Geometry, evict_payload: bool, max_state_bytes) -> None:
-    """``InvalidGeometry`` if the state and first scratch arenas exceed the memory bound."""
-    if max_state_bytes is not None:
-        max_state_bytes = positive_int(max_state_bytes, "max_state_bytes", E.InvalidGeometry)
-    state = arena_bytes(STATE_FIELDS, state_dims(g))
-    scratch = arena_bytes(SCRATCH_FIELDS, scratch_dims(g, FIRST_ROWS, FIRST_ROWS, evict_payload))
-    check_state_bytes(
-        state + scratch,
-        f"a manager of {g.num_blocks} blocks of {g.block_size} tokens and {g.max_seqs} "
-        f"sequences of {g.blocks_per_seq} blocks",
-        max_state_bytes,
-    )
-
-
 def _flag(value) -> bool:
     """A keyword switch: ``True``/``False`` (numpy booleans too), nothing else."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise TypeError(f"atomic must be True or False, got {value!r}")
+    return switch(value, "atomic")

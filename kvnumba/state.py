@@ -16,8 +16,6 @@ Reading is safe between calls; the arrays change only inside a manager's calls.
 
 from __future__ import annotations
 
-from enum import IntEnum, IntFlag
-
 from kvnumba import _state
 from kvnumba._state import NIL, State
 from kvnumba.ids import slot_bits, split_id
@@ -25,8 +23,8 @@ from kvnumba.ids import slot_bits, split_id
 __all__ = ["NIL", "BlockFlag", "Meta", "State", "seq_slot", "slot_mask"]
 
 
-class Meta(IntEnum):
-    """Slots of ``state.meta`` that integrations read."""
+class Meta:
+    """Slots of ``state.meta`` that integrations read (plain ints: ``state.meta[Meta.USED]``)."""
 
     #: Blocks on the free stack (``state.free_stack[:FREE_TOP]``).
     FREE_TOP = _state.M_FREE_TOP
@@ -45,8 +43,8 @@ class Meta(IntEnum):
     MAPPED = _state.M_MAPPED
 
 
-class BlockFlag(IntFlag):
-    """Bits of ``state.block_flags``."""
+class BlockFlag:
+    """Bits of ``state.block_flags`` (plain ints: ``flags & BlockFlag.HASHED``)."""
 
     #: Every token written to the block came with an id.
     KNOWN = _state.F_KNOWN

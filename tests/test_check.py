@@ -66,7 +66,10 @@ CORRUPTIONS = {
         lambda m, a: m._arenas.s.free_stack.__setitem__(0, m._arenas.s.free_stack[1]),
         "listed twice",
     ),
-    "lru back link": (lambda m, a: m._arenas.s.lru_prev.__setitem__(first_cached(m), 3), "back link"),
+    "lru back link": (
+        lambda m, a: m._arenas.s.lru_prev.__setitem__(first_cached(m), 3),
+        "back link",
+    ),
     "cached counter": (lambda m, a: m._arenas.s.meta.__setitem__(M_CACHED, 7), "counter"),
     "used counter": (lambda m, a: m._arenas.s.meta.__setitem__(M_USED, 1), "counter"),
     "live counter": (lambda m, a: m._arenas.s.meta.__setitem__(M_LIVE_SEQS, 9), "counter"),

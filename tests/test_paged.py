@@ -296,9 +296,10 @@ def test_a_sibling_give_up_rolls_back_byte_for_byte():
     m2.release([a, b])
     before = snapshots(pool, m1, m2)
     givers = []
-    pool._coordinator.ask_siblings(m1, 5, givers)  # five blocks lacking: two pages wanted
-    assert givers == [m2] and m2.mapped_pages().tolist() == [] and pool.num_free == 3
-    m2._rollback_give_up()
+    # Five blocks lacking: two pages wanted. The coordinator talks to the managers' page sides.
+    pool._coordinator.ask_siblings(m1._pages, 5, givers)
+    assert givers == [m2._pages] and m2.mapped_pages().tolist() == [] and pool.num_free == 3
+    m2._pages.rollback_give_up()
     assert_unchanged(before, pool, m1, m2)
     m2.check()
 

@@ -38,7 +38,7 @@ def check_vllm_version(version: str | None) -> None:
     if version is None:
         raise ImportError(
             f"kvnumba.integrations.vllm needs vLLM {SUPPORTED_VLLM}, which is not installed "
-            "(install it the CPU way: tools/vllm_env.sh build, see tools/VLLM_ENV.md)"
+            "(install it the CPU way: scripts/vllm_env.sh build, see docs/vllm.md)"
         )
     if base_version(version) == SUPPORTED_VLLM:
         return

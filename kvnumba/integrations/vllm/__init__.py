@@ -18,7 +18,7 @@ try:
 except ImportError as exc:  # say which vLLM is needed, keep the cause
     raise ImportError(
         "kvnumba.integrations.vllm needs vLLM 0.33.0, which is not importable "
-        "(install it the CPU way: tools/vllm_env.sh build)"
+        "(install it the CPU way: scripts/vllm_env.sh build)"
     ) from exc
 
 check_vllm_version(getattr(_vllm, "__version__", None))

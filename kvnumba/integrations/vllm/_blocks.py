@@ -10,8 +10,8 @@ asked, so they cannot drift from the allocator.
 
 from __future__ import annotations
 
-from kvnumba._state import F_HASHED
 from kvnumba.integrations.engine_keys import hash_from_key
+from kvnumba.state import BlockFlag
 
 # vLLM's BlockHashWithGroupId is the digest followed by the group id in 4 big-endian bytes; the
 # adapter serves group 0 only.
@@ -66,8 +66,8 @@ def block_hash_of(state, block_id: int, width: int) -> bytes | None:
     Returns
     -------
     bytes or None
-        Digest plus group 0, when the block carries a key (``F_HASHED``).
+        Digest plus group 0, when the block carries a key (``BlockFlag.HASHED``).
     """
-    if not state.block_flags[block_id] & F_HASHED:
+    if not state.block_flags[block_id] & BlockFlag.HASHED:
         return None
     return hash_from_key(state.block_key[block_id], width) + GROUP0

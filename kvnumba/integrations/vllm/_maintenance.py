@@ -12,8 +12,8 @@ from vllm.logger import init_logger
 from vllm.v1.metrics.stats import PrefixCacheStats
 
 import kvnumba
-from kvnumba._state import M_USED
 from kvnumba.integrations.vllm import _events
+from kvnumba.state import Meta
 
 logger = init_logger(__name__)
 
@@ -76,7 +76,7 @@ class CacheMaintenance:
             False (and nothing changes) while requests hold blocks.
         """
         self.flush_keys()
-        used = int(self._meta[M_USED])
+        used = int(self._meta[Meta.USED])
         if used:
             logger.warning(
                 "Failed to reset prefix cache because some blocks (%d) are not freed yet", used
@@ -159,7 +159,7 @@ class CacheMaintenance:
             if problem is not None:
                 raise kvnumba.InvariantViolation(f"vLLM request {rid}: {problem}")
             held_blocks.update(row[: held.nblocks].tolist())
-        used = int(self._meta[M_USED])
+        used = int(self._meta[Meta.USED])
         if len(held_blocks) != used or 0 in held_blocks:
             raise kvnumba.InvariantViolation(
                 f"requests hold {len(held_blocks)} distinct blocks, kvnumba counts {used} used"

@@ -16,8 +16,8 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from kvnumba._state import F_REGISTERED, M_FREE_TOP, M_LRU_HEAD, M_USED, NIL
 from kvnumba.integrations.vllm._blocks import KVNumbaBlock, block_hash_of
+from kvnumba.state import NIL, BlockFlag, Meta
 
 
 class FreeQueueView:
@@ -38,9 +38,9 @@ class FreeQueueView:
     def get_all_free_blocks(self) -> list[KVNumbaBlock]:
         """Every allocatable block in the order kvnumba would hand them out (O(pool))."""
         state = self._pool.state
-        top = int(state.meta[M_FREE_TOP])
+        top = int(state.meta[Meta.FREE_TOP])
         order = state.free_stack[:top][::-1].tolist()
-        b = int(state.meta[M_LRU_HEAD])
+        b = int(state.meta[Meta.LRU_HEAD])
         nxt = state.lru_next
         while b != NIL:
             order.append(b)
@@ -59,7 +59,7 @@ class CachedBlocksView(Mapping):
     def __init__(self, pool: BlockPoolView) -> None:
         pool.flush_keys()
         state = pool.state
-        registered = np.flatnonzero(state.block_flags & F_REGISTERED)
+        registered = np.flatnonzero(state.block_flags & BlockFlag.REGISTERED)
         self._cache = {
             block_hash_of(state, int(b), pool.width): pool.blocks[int(b)] for b in registered
         }
@@ -120,7 +120,7 @@ class BlockPoolView:
 
     def get_num_free_blocks(self) -> int:
         """Blocks not referenced by any request (empty or cached), as vLLM counts them."""
-        return self._usable - int(self.state.meta[M_USED])
+        return self._usable - int(self.state.meta[Meta.USED])
 
     def get_usage(self) -> float:
         """Fraction of the usable blocks that requests reference."""

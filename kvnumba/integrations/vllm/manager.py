@@ -20,14 +20,13 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
 import kvnumba
-from kvnumba._state import F_HASHED, M_USED
-from kvnumba.ids import slot_bits
 from kvnumba.integrations.engine_keys import KEY_BYTES, keys_from_hashes
 from kvnumba.integrations.vllm import _events
 from kvnumba.integrations.vllm._maintenance import CacheMaintenance
 from kvnumba.integrations.vllm._unserved import UnservedFeatureSteps
 from kvnumba.integrations.vllm._views import BlockPoolView, CoordinatorView
 from kvnumba.integrations.vllm.support import manager_fallback_reason
+from kvnumba.state import BlockFlag, Meta, slot_mask
 
 _NO_KEYS = np.zeros((0, 4), dtype=np.uint64)
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -151,7 +150,7 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         self._ref = state.ref
         self._meta = state.meta
         self._flags = state.block_flags
-        self._slot_mask = (1 << slot_bits(self.kvnumba.max_seqs)) - 1
+        self._slot_mask = slot_mask(self.kvnumba.max_seqs)
         self._usable = num_blocks - 1
         self.held: dict[str, _Held] = {}
         self.hash_width = KEY_BYTES
@@ -189,7 +188,7 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         return list(map(self._blocks.__getitem__, row.tolist()))
 
     def _num_free(self) -> int:
-        return self._usable - int(self._meta[M_USED])
+        return self._usable - int(self._meta[Meta.USED])
 
     # ------------------------------------------------------------------------- properties
     @property
@@ -425,7 +424,7 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             watermark = self.watermark_blocks
         if (needed > 0 or watermark or reserved_blocks) and max(
             needed, 0
-        ) + watermark > self._usable - int(self._meta[M_USED]) - reserved_blocks:
+        ) + watermark > self._usable - int(self._meta[Meta.USED]) - reserved_blocks:
             return None
         old = held.nblocks
         if needed > 0:
@@ -575,7 +574,7 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             return 0
         self.flush_keys()
         row = self._table[held.slot, : held.nblocks]
-        keyed = np.flatnonzero(self._flags[row] & F_HASHED)
+        keyed = np.flatnonzero(self._flags[row] & BlockFlag.HASHED)
         return int(keyed[-1] + 1) * self.block_size if keyed.shape[0] else 0
 
     def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:

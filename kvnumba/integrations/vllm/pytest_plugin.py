@@ -1,6 +1,6 @@
 """pytest plugin: run vLLM's own tests with kvnumba's KV cache manager.
 
-Load with ``-p kvnumba.integrations.vllm.pytest_plugin`` (``tools/vllm_env.sh compare`` does).
+Load with ``-p kvnumba.integrations.vllm.pytest_plugin`` (``scripts/vllm_env.sh compare`` does).
 At configure time every ``KVCacheManager(...)`` that vLLM's tests or its ``Scheduler`` build
 becomes kvnumba's manager where it serves the configuration (vLLM's own otherwise, with the
 reason logged: :mod:`kvnumba.integrations.vllm.scheduler`); a ``Scheduler`` whose configuration
