@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvnumba.inputs import hit_caps, index_array, key_rows
+from kvnumba.inputs import hit_caps, index_array, key_rows, prompt_arrays
 from kvnumba.results import BlockEvents, LookupResult
 
 _NO_TOKENS = np.empty(0, dtype=np.int64)
@@ -93,20 +93,10 @@ class EngineKeys:
             ``key_counts`` None for a token-mode prompt without keys, ``caps`` None without
             caps.
         """
-        lengths = index_array(lengths, "lengths")
-        n = lengths.shape[0]
-        if tokens is None:
-            if not self.block_keys:
-                raise ValueError("tokens may be None only with block_keys=True")
-            tokens_in, has_tokens = _NO_TOKENS, False
-        else:
-            tokens_in, has_tokens = index_array(tokens, "tokens"), True
-        if salts is None:
-            salts = np.zeros(n, dtype=np.int64)
-        else:
-            salts = index_array(salts, "salts")
-            if salts.shape != lengths.shape:
-                raise ValueError(f"salts has {salts.shape[0]} entries for {n} prompts")
+        if tokens is None and not self.block_keys:
+            raise ValueError("tokens may be None only with block_keys=True")
+        tokens_in, lengths, salts = prompt_arrays(tokens, lengths, salts)
+        has_tokens, n = tokens is not None, lengths.shape[0]
         if keys is None:
             if self.block_keys:
                 keys = _NO_KEYS

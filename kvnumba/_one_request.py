@@ -17,6 +17,7 @@ import numpy as np
 from kvnumba import errors as E
 from kvnumba._engine_keys import key_array
 from kvnumba._kernels.entry import ADMIT_ONE_CACHED, ADMIT_ONE_ID, APPEND_ONE_RESULT, STATUS
+from kvnumba.ids import split_id
 from kvnumba.inputs import index_array
 
 _INT64 = np.dtype(np.int64)
@@ -201,3 +202,18 @@ class OneRequest:
             max_hit_blocks=max_hit_blocks,
         )
         return result.block_ids[0][result.block_ids[0] >= 0].astype(np.int64)
+
+    def table_row(self, seq_id) -> np.ndarray:
+        """The block table row of a live sequence: a read-only view of the state.
+
+        It follows the sequence as it grows (entries past its blocks read -1) while the
+        sequence lives; do not keep it past ``release``.
+
+        Raises
+        ------
+        InvalidSequence, SequenceReleased
+            For an id that is not live.
+        """
+        ids = np.array([as_int(seq_id, "seq_id")], dtype=np.int64)
+        self.manager.seq_lens(ids)  # validates the id
+        return self.arenas.views.seq_table[split_id(int(ids[0]), self.arenas.geometry.max_seqs)[2]]

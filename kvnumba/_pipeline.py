@@ -10,16 +10,32 @@ keeps its block events and delivers its callbacks (``CallbackError`` carries the
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._kernel_set import ready
 from kvnumba._kernels.entry import AVAILABLE, BAD, NEEDED, RESULT, STATUS
-from kvnumba._state import M_SLOT_TOP, S_FAILED, S_LOG_ON
+from kvnumba._state import M_ID_TAG, M_SLOT_TOP, S_FAILED, S_LOG_ON
+from kvnumba.ids import split_id
+
+
+def part_call(part: str, method):
+    """A public call of ``BlockManager`` served wholly by one of its parts (the manager's
+    attribute ``part``): ``method``, with its signature and docstring, called on that part."""
+    name = method.__name__
+
+    def call(self, *args, **kwargs):
+        return getattr(getattr(self, part), name)(*args, **kwargs)
+
+    return functools.update_wrapper(call, method)
 
 
 class Facts:
-    """What an error message needs to know of a manager (:class:`kvnumba.errors.ManagerFacts`).
+    """What an error message needs to know of a manager (:class:`kvnumba.errors.ManagerFacts`),
+    and whether an id names one of its live sequences.
 
     Parameters
     ----------
@@ -51,6 +67,17 @@ class Facts:
     def free_slots(self) -> int:
         """Sequence slots not in use."""
         return int(self._arenas.s.meta[M_SLOT_TOP])
+
+    def is_live(self, seq_id: int) -> bool:
+        """Whether ``seq_id`` names a live sequence of this manager."""
+        seq_id = operator.index(seq_id)
+        if seq_id < 0:
+            return False
+        tag, generation, slot = split_id(seq_id, self.max_seqs)
+        s = self._arenas.s
+        if tag != s.meta[M_ID_TAG] or slot >= self.max_seqs:
+            return False
+        return bool(s.seq_live[slot]) and generation == s.seq_gen[slot]
 
 
 class CallPipeline:
@@ -143,6 +170,24 @@ class CallPipeline:
         else:
             self.events.collect()
             pages.deliver(givers, out, pending)
+        return out
+
+    def run_evicting(self, kernel, inputs, **named) -> int:
+        """Run ``evict`` or ``reset_prefix_cache``: returns the blocks evicted."""
+        arenas = self.arenas
+        return self.run(
+            kernel,
+            inputs,
+            grow=lambda result: arenas.grow_records(result[NEEDED]),
+            build=lambda fields: int(fields[0]),
+            **named,
+        )
+
+    def read(self, kernel, ids: np.ndarray) -> np.ndarray:
+        """Run a read-only kernel over sequence ids (``k_block_tables``, ``k_seq_lens``)."""
+        status, bad, out = ready(kernel)(ids, *self.arenas.args)
+        if status:
+            self.fail(status, bad, ids=ids)
         return out
 
     def after_commit(self, out, pending=None) -> None:

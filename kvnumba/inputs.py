@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 
+_NO_TOKENS = np.empty(0, dtype=np.int64)
 _INT64_MAX = np.iinfo(np.int64).max
 _UINT64_LIMIT = 1 << 64
 
@@ -192,3 +193,39 @@ def switch(value, name: str) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def int64_vector(value, name: str) -> np.ndarray:
+    """:func:`index_array`, with a C-contiguous 1-D int64 array passed through untouched."""
+    if type(value) is np.ndarray and value.dtype == np.int64 and value.flags.c_contiguous:
+        if value.ndim == 1:
+            return value
+    return index_array(value, name)
+
+
+def count_arg(value, name: str, minimum: int) -> int:
+    """An integer count of at least ``minimum`` (``TypeError`` for a bool, ``ValueError``
+    below the minimum)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, not a bool")
+    value = operator.index(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def prompt_arrays(tokens, lengths, salts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The token, length and salt vectors of an ``admit`` or ``lookup`` (salts default to 0).
+
+    ``tokens`` may be None (an empty vector). Raises ``ValueError`` for salts of another
+    length than ``lengths``.
+    """
+    tokens_in = _NO_TOKENS if tokens is None else index_array(tokens, "tokens")
+    lengths = index_array(lengths, "lengths")
+    if salts is None:
+        salts = np.zeros(lengths.shape[0], dtype=np.int64)
+    else:
+        salts = index_array(salts, "salts")
+        if salts.shape != lengths.shape:
+            raise ValueError(f"salts has {salts.shape[0]} entries for {lengths.shape[0]} prompts")
+    return tokens_in, lengths, salts

@@ -9,13 +9,10 @@ owns (``docs/design.md``, "Layers"):
 - :class:`~kvnumba._engine_keys.EngineKeys`: engine keys and block events;
 - :class:`~kvnumba._one_request.OneRequest`: the one-request calls past their fast path;
 - :class:`~kvnumba._virtual_pages.PageSide`: membership of a page pool (None without one).
-
-One manager is used by one thread at a time.
 """
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Callable
 
@@ -34,55 +31,34 @@ from kvnumba._kernels.entry import (
     RESULT,
     STATUS,
 )
-from kvnumba._one_request import CAP_NONE, OneRequest, as_int
-from kvnumba._pipeline import CallPipeline
+from kvnumba._one_request import CAP_NONE, OneRequest
+from kvnumba._pipeline import CallPipeline, Facts, part_call
 from kvnumba._state import (
     M_LIVE_SEQS,
     S_FAILED,
     State,
 )
 from kvnumba._virtual_pages import PageSide
-from kvnumba.ids import new_tag, split_id
-from kvnumba.inputs import index_array, switch
+from kvnumba.ids import new_tag
+from kvnumba.inputs import count_arg, index_array, int64_vector, prompt_arrays, switch
 from kvnumba.results import AdmitResult, AppendResult, Stats
 
 DEFAULT_MAX_SEQS = 1024
 _NO_TOKENS = np.empty(0, dtype=np.int64)
-_INT64 = np.dtype(np.int64)
 _UINT64 = np.dtype(np.uint64)
 _INT64_MAX = np.iinfo(np.int64).max
 # Building a NamedTuple from a tuple skips its keyword-argument __new__.
 _new_append_result = AppendResult._make
 _new_admit_result = AdmitResult._make
-# A copy would share nothing sound: the state views alias one arena, and the one-request calls
-# hold the arenas' addresses, which a copy would carry over to memory it does not own.
+# A copy would share nothing sound: the views alias one arena, the one-request calls its address.
 _NOT_COPYABLE = (
     "a BlockManager cannot be copied; snapshot() copies its state arrays, and a new manager "
     "replays the calls that built it"
 )
 
 
-def _public(part: str, method):
-    """A public call served wholly by one part (the manager's attribute ``part``): the part's
-    method, with its signature and docstring, called on the manager's part."""
-    name = method.__name__
-
-    def call(self, *args, **kwargs):
-        return getattr(getattr(self, part), name)(*args, **kwargs)
-
-    return functools.update_wrapper(call, method)
-
-
 def _geometry_property(name: str, doc: str) -> property:
     return property(lambda self: getattr(self._geometry, name), doc=doc)
-
-
-def _vector(value, name: str) -> np.ndarray:
-    """A 1-D int64 input: a C-contiguous int64 vector passes without a call."""
-    if type(value) is np.ndarray and value.dtype == _INT64 and value.flags.c_contiguous:
-        if value.ndim == 1:
-            return value
-    return index_array(value, name)
 
 
 class BlockManager:
@@ -166,12 +142,12 @@ class BlockManager:
         self._kernels = KernelSet(paged=page_pool is not None)
         self._keys = EngineKeys(self._arenas, self._kernels, block_keys, block_events)
         self._pipeline = CallPipeline(self._arenas, self._kernels, self._keys, on_evict)
+        self._facts = self._pipeline.facts
         self._keys.pipeline = self._pipeline
         self._one = OneRequest(self, self._pipeline, self._keys)
         self._pages = None if page_pool is None else PageSide(self, page_pool, self._pipeline)
         self._pipeline.pages = self._pages
-        # The one-request fast paths serve managers without a pool; admit_one's keyed one
-        # managers with engine keys.
+        # The one-request fast paths: managers without a pool (keyed admits: with engine keys).
         self._fast = page_pool is None
         self._keyed_fast = self._fast and geometry.block_keys
 
@@ -190,7 +166,6 @@ class BlockManager:
             f"used={s.used}, cached={s.cached}, free={s.free}, live_seqs={live}{pages})"
         )
 
-    # ----------------------------------------------------------------------------- properties
     num_blocks = _geometry_property("num_blocks", "Blocks in the pool.")
     block_size = _geometry_property("block_size", "Token slots per block.")
     max_seqs = _geometry_property("max_seqs", "Live sequences at most.")
@@ -200,7 +175,9 @@ class BlockManager:
     block_keys = _geometry_property("block_keys", "Whether blocks carry engine keys.")
     id_tag = property(lambda self: self._id_tag, doc="The tag of this manager's ids.")
     page_pool = property(lambda self: self._pages and self._pages.pool, doc="Its PagePool.")
-    blocks_per_page = _geometry_property("blocks_per_page", "Blocks per page (0: no pool).")
+    blocks_per_page = property(
+        lambda self: self._geometry.blocks_per_page or None, doc="Blocks per page (or None)."
+    )
 
     @property
     def state(self) -> State:
@@ -216,11 +193,7 @@ class BlockManager:
         """Create ``count`` (>= 0) empty sequences; returns their int64 ids
         (``TooManySequences`` if fewer slots are free).
         """
-        if isinstance(count, bool):
-            raise TypeError("count must be an integer, not a bool")
-        count = operator.index(count)
-        if count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
+        count = count_arg(count, "count", 0)
         if count > self.max_seqs:  # before anything is allocated for the ids
             raise E.TooManySequences(count, self._pipeline.facts.free_slots(), self.max_seqs)
         status, ids = self._kernels.k_new_sequences(count, *self._arenas.args)
@@ -229,26 +202,16 @@ class BlockManager:
         return ids
 
     def append(self, ids, counts, tokens=None, *, atomic: bool = True) -> AppendResult:
-        """Grow each sequence ``ids[i]`` by ``counts[i]`` tokens (1-D integer inputs).
+        """Grow each sequence ``ids[i]`` by ``counts[i]`` tokens; ``tokens`` holds their ids.
 
-        ``tokens`` (optional) holds the new token ids (>= 0) in ``ids`` order; without them the slots
-        read -1 and the blocks are never cached. ``atomic=False`` serves each sequence in input
-        order, all-or-nothing, and ``ok`` tells which grew.
-
-        Returns
-        -------
-        AppendResult
-            ``slot_mapping`` per token, the ``cow_src -> cow_dst`` copies to perform on the device,
-            in order, and ``ok`` per sequence.
-
-        Raises
-        ------
-        PoolExhausted, InvalidSequence, SequenceReleased, SequenceTooLong, ValueError, TypeError
-            Nothing is changed by a failed call.
-        CallbackError
-            A callback raised after the call committed; ``.result`` is the result.
+        Without ``tokens`` the slots read -1 and the blocks are never cached. Returns an
+        :class:`AppendResult` (``slot_mapping`` per token, ``cow_src -> cow_dst`` copies, ``ok``
+        per sequence). ``atomic=False`` serves each sequence in input order, all-or-nothing.
+        A failed call changes nothing and raises ``PoolExhausted``, ``InvalidSequence``,
+        ``SequenceTooLong``, ``ValueError`` or ``TypeError``; a callback that raised after the
+        commit, ``CallbackError`` (``.result`` is the result).
         """
-        ids, counts = _vector(ids, "ids"), _vector(counts, "counts")
+        ids, counts = int64_vector(ids, "ids"), int64_vector(counts, "counts")
         if tokens is None:
             tokens_in, has_tokens = _NO_TOKENS, False
         else:
@@ -303,8 +266,8 @@ class BlockManager:
         salts : 1-D integer array-like, optional
             Per-prompt cache salt (default 0); blocks are never shared across salts.
         keys, key_counts : optional
-            ``block_keys=True``: the engine keys (uint64 ``[K, 4]``) of the prompts' leading full
-            blocks, ``key_counts[i]`` rows per prompt (default ``lengths // block_size``).
+            ``block_keys=True``: the engine keys (uint64 ``[K, 4]``) of the prompts' leading
+            full blocks, ``key_counts[i]`` rows per prompt (default ``lengths // block_size``).
         max_hit_blocks : int or 1-D integer array-like, optional
             Cap on the blocks reused per prompt.
         atomic : bool, default True
@@ -313,15 +276,10 @@ class BlockManager:
         Returns
         -------
         AdmitResult
-            ``ids`` (-1 for a prompt that did not fit), ``num_cached_tokens``, ``slot_mapping`` of
-            the uncached tokens in prompt order, ``ok``.
-
-        Raises
-        ------
-        PoolExhausted, SequenceTooLong, TooManySequences, ValueError, TypeError
-            Nothing is changed by a failed call.
-        CallbackError
-            A callback raised after the call committed; ``.result`` is the result.
+            ``ids`` (-1 for a prompt that did not fit), ``num_cached_tokens``, ``slot_mapping``
+            of the uncached tokens in prompt order, ``ok``. A failed call changes nothing and
+            raises ``PoolExhausted``, ``SequenceTooLong``, ``TooManySequences``,
+            ``ValueError`` or ``TypeError``; ``CallbackError`` as for :meth:`append`.
         """
         atomic = _flag(atomic)
         keyed = keys is not None or max_hit_blocks is not None or tokens is None
@@ -332,16 +290,7 @@ class BlockManager:
             return self._admit(self._kernels.k_admit_keys, inputs, atomic, named)
         if key_counts is not None:
             raise ValueError("key_counts without keys")
-        tokens_in = index_array(tokens, "tokens")
-        lengths = index_array(lengths, "lengths")
-        if salts is None:
-            salts = np.zeros(lengths.shape[0], dtype=np.int64)
-        else:
-            salts = index_array(salts, "salts")
-            if salts.shape != lengths.shape:
-                raise ValueError(
-                    f"salts has {salts.shape[0]} entries for {lengths.shape[0]} prompts"
-                )
+        tokens_in, lengths, salts = prompt_arrays(tokens, lengths, salts)
         inputs = (tokens_in, lengths, salts, atomic)
         return self._admit(
             self._kernels.k_admit, inputs, atomic, {"lengths": lengths, "tokens": tokens_in}
@@ -364,11 +313,7 @@ class BlockManager:
         returns their int64 ids, shape ``(len(ids), n)``.
         """
         ids = index_array(ids, "ids")
-        if isinstance(n, bool):
-            raise TypeError("n must be an integer")
-        n = operator.index(n)
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
+        n = count_arg(n, "n", 1)
         if ids.shape[0] * n > self.max_seqs:  # before anything is allocated for the children
             self.seq_lens(ids)  # an invalid id still takes precedence
             free = self._pipeline.facts.free_slots()
@@ -409,39 +354,21 @@ class BlockManager:
         ``ValueError`` (nothing changed). ``CallbackError.result`` is the count.
         """
         blocks = index_array(block_ids, "block_ids")
-        return self._evicting(self._kernels.k_evict, (blocks,), block_ids=blocks)
+        return self._pipeline.run_evicting(self._kernels.k_evict, (blocks,), block_ids=blocks)
 
     def reset_prefix_cache(self) -> int:
         """Evict every cached block and unregister those live sequences hold, so that nothing
         computed before the reset is hit afterwards; returns the blocks evicted.
         """
-        return self._evicting(self._kernels.k_reset_prefix_cache, ())
-
-    def _evicting(self, kernel, inputs, **named) -> int:
-        arenas = self._arenas
-        return self._pipeline.run(
-            kernel,
-            inputs,
-            grow=lambda result: arenas.grow_records(result[NEEDED]),
-            build=lambda fields: int(fields[0]),
-            **named,
-        )
+        return self._pipeline.run_evicting(self._kernels.k_reset_prefix_cache, ())
 
     def block_tables(self, ids) -> np.ndarray:
         """Block tables of ``ids`` as int32 ``(len(ids), width)``, padded with -1."""
-        ids = index_array(ids, "ids")
-        status, bad, tables = self._kernels.k_block_tables(ids, *self._arenas.args)
-        if status:
-            self._pipeline.fail(status, bad, ids=ids)
-        return tables
+        return self._pipeline.read(self._kernels.k_block_tables, index_array(ids, "ids"))
 
     def seq_lens(self, ids) -> np.ndarray:
         """Tokens held by each sequence of ``ids`` (int64)."""
-        ids = index_array(ids, "ids")
-        status, bad, lengths = self._kernels.k_seq_lens(ids, *self._arenas.args)
-        if status:
-            self._pipeline.fail(status, bad, ids=ids)
-        return lengths
+        return self._pipeline.read(self._kernels.k_seq_lens, index_array(ids, "ids"))
 
     def can_append(self, ids, counts) -> bool:
         """Whether ``append(ids, counts, atomic=True)`` would succeed now (input validated)."""
@@ -454,32 +381,23 @@ class BlockManager:
             self._pipeline.fail(status, bad, ids=ids, counts=counts)
         return bool(need <= available)
 
-    # ------------------------------------------------------------------- engine keys, events
-    lookup = _public("_keys", EngineKeys.lookup)
-    set_keys = _public("_keys", EngineKeys.set_keys)
-    take_events = _public("_keys", EngineKeys.take_events)
-    lookup_one = _public("_one", OneRequest.lookup_one)
+    lookup = part_call("_keys", EngineKeys.lookup)
+    set_keys = part_call("_keys", EngineKeys.set_keys)
+    take_events = part_call("_keys", EngineKeys.take_events)
+    lookup_one = part_call("_one", OneRequest.lookup_one)
 
-    @property
-    def pending_events(self) -> bool:
-        """Whether :meth:`take_events` would return any event (no arrays built)."""
-        return self._keys.pending
+    pending_events = property(
+        lambda self: self._keys.pending, doc="Whether :meth:`take_events` would return events."
+    )
 
     # ---------------------------------------------------------------------- one request
     def append_one(self, seq_id, count, *, key_start=0, keys=None) -> tuple[int, int, int, int]:
         """Grow one sequence by ``count`` tokens without token ids (atomic); with ``keys``,
         register the blocks at positions ``key_start ..`` once full (as :meth:`set_keys`).
 
-        Returns
-        -------
-        tuple of int
-            ``(blocks_before, blocks_after, cow_src, cow_dst)``: the new blocks are table positions
-            ``blocks_before .. blocks_after - 1``; ``-1, -1`` for no block copy.
-
-        Raises
-        ------
-        PoolExhausted, InvalidSequence, SequenceReleased, SequenceTooLong, ValueError, TypeError
-            As ``append`` and ``set_keys``; nothing is changed by a failed call.
+        Returns ``(blocks_before, blocks_after, cow_src, cow_dst)``: the new blocks are table
+        positions ``blocks_before .. blocks_after - 1``; ``-1, -1`` for no block copy. Raises as
+        ``append`` and ``set_keys``, changing nothing.
         """
         if keys is None and self._fast and type(seq_id) is int and type(count) is int:
             if 0 <= count <= self._geometry.max_seq_len:
@@ -495,17 +413,8 @@ class BlockManager:
         self, tokens=None, *, length=None, salt=0, keys=None, max_hit_blocks=None
     ) -> tuple[int, int]:
         """Admit one prompt (atomic) by its ``tokens``, or by ``length`` and engine ``keys``
-        (``block_keys=True``), reusing its longest cached prefix (at most ``max_hit_blocks``).
-
-        Returns
-        -------
-        tuple of int
-            ``(seq_id, num_cached_tokens)``.
-
-        Raises
-        ------
-        PoolExhausted, SequenceTooLong, TooManySequences, ValueError, TypeError
-            As ``admit``; nothing is changed by a failed call.
+        (``block_keys=True``), reusing its longest cached prefix (at most ``max_hit_blocks``);
+        returns ``(seq_id, num_cached_tokens)``. Raises as ``admit``, changing nothing.
         """
         # An engine's common call first, with the fewest tests. numba's unboxing checks
         # neither dtype nor rank of the keys, so those are tested here.
@@ -529,33 +438,15 @@ class BlockManager:
                     return out
         return self._one.admit_one(tokens, length, salt, keys, max_hit_blocks)
 
-    def table_row(self, seq_id) -> np.ndarray:
-        """The block table row of a live sequence: a read-only view of the state.
+    table_row = part_call("_one", OneRequest.table_row)
 
-        It follows the sequence as it grows (entries past its blocks read -1) while the
-        sequence lives; do not keep it past ``release``.
-        """
-        ids = np.array([as_int(seq_id, "seq_id")], dtype=np.int64)
-        self.seq_lens(ids)  # validates the id
-        return self._arenas.views.seq_table[split_id(int(ids[0]), self.max_seqs)[2]]
-
-    # ---------------------------------------------------------------------- single sequences
     def sequence(self):
         """A new empty sequence as a :class:`kvnumba.Sequence` handle."""
         from kvnumba.sequence import Sequence
 
         return Sequence(self, int(self.new_sequences(1)[0]))
 
-    def is_live(self, seq_id: int) -> bool:
-        """Whether ``seq_id`` names a live sequence of this manager."""
-        seq_id = operator.index(seq_id)
-        if seq_id < 0:
-            return False
-        tag, generation, slot = split_id(seq_id, self.max_seqs)
-        if tag != self._id_tag or slot >= self.max_seqs:
-            return False
-        s = self._arenas.s
-        return bool(s.seq_live[slot]) and generation == s.seq_gen[slot]
+    is_live = part_call("_facts", Facts.is_live)
 
     # ------------------------------------------------------------------------------ page pool
     def trim(self) -> int:
@@ -579,7 +470,6 @@ class BlockManager:
             return np.empty(0, dtype=np.int64)
         return self._pages.mapped_pages()
 
-    # -------------------------------------------------------------------------- introspection
     def check(self) -> None:
         """Recompute every invariant from scratch (O(pool)); ``InvariantViolation`` names the
         first inconsistency.
