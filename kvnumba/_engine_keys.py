@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvnumba.inputs import hit_caps, index_array, key_rows, prompt_arrays
+from kvnumba.inputs import (
+    CAP_NONE,
+    NO_KEYS,
+    UINT64,
+    hit_caps,
+    index_array,
+    key_rows,
+    prompt_arrays,
+)
 from kvnumba.results import BlockEvents, LookupResult
-
-_NO_TOKENS = np.empty(0, dtype=np.int64)
-_NO_KEYS = np.empty((0, 4), dtype=np.uint64)
-_UINT64 = np.dtype(np.uint64)
-_INT64 = np.dtype(np.int64)
-_CAP_NONE = np.iinfo(np.int64).max
 
 
 def key_array(keys) -> np.ndarray:
@@ -32,7 +34,7 @@ def key_array(keys) -> np.ndarray:
     # noticeable part of a one-request call (any other descriptor is converted below).
     if (
         type(keys) is np.ndarray
-        and keys.dtype is _UINT64
+        and keys.dtype is UINT64
         and keys.ndim == 2
         and keys.shape[1] == 4
         and keys.flags.c_contiguous
@@ -99,7 +101,7 @@ class EngineKeys:
         has_tokens, n = tokens is not None, lengths.shape[0]
         if keys is None:
             if self.block_keys:
-                keys = _NO_KEYS
+                keys = NO_KEYS
                 key_counts = np.zeros(n, dtype=np.int64) if key_counts is None else key_counts
         elif not self.block_keys:
             raise ValueError("keys need a manager built with block_keys=True")
@@ -122,9 +124,9 @@ class EngineKeys:
         )
         if keys is None:
             # Token mode with caps: the keyed kernel with no keys finds blocks by token hash.
-            keys, key_counts = _NO_KEYS, np.zeros(lengths.shape[0], dtype=np.int64)
+            keys, key_counts = NO_KEYS, np.zeros(lengths.shape[0], dtype=np.int64)
         if caps is None:
-            caps = np.full(lengths.shape[0], _CAP_NONE, dtype=np.int64)
+            caps = np.full(lengths.shape[0], CAP_NONE, dtype=np.int64)
         inputs = (tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps)
         named = {"lengths": lengths, "tokens": tokens_in, "key_counts": key_counts, "caps": caps}
         return inputs, named
@@ -168,7 +170,7 @@ class EngineKeys:
             tokens, lengths, salts, keys, key_counts, max_hit_blocks
         )
         if caps is None:
-            caps = np.full(lengths.shape[0], _CAP_NONE, dtype=np.int64)
+            caps = np.full(lengths.shape[0], CAP_NONE, dtype=np.int64)
         args = self.arenas.args
         if keys is not None:
             result = self.kernels.k_lookup_keys(

@@ -18,13 +18,7 @@ from kvnumba import errors as E
 from kvnumba._engine_keys import key_array
 from kvnumba._kernels.entry import ADMIT_ONE_CACHED, ADMIT_ONE_ID, APPEND_ONE_RESULT, STATUS
 from kvnumba.ids import split_id
-from kvnumba.inputs import index_array
-
-_INT64 = np.dtype(np.int64)
-_NO_TOKENS = np.empty(0, dtype=np.int64)
-_NO_KEYS = np.empty((0, 4), dtype=np.uint64)
-#: ``max_hit_blocks`` of a call without a cap.
-CAP_NONE = np.iinfo(np.int64).max
+from kvnumba.inputs import CAP_NONE, INT64, NO_KEYS, NO_TOKENS, index_array
 
 
 def as_int(value, name: str) -> int:
@@ -121,8 +115,8 @@ class OneRequest:
         else:
             cap = as_int(max_hit_blocks, "max_hit_blocks")
         if tokens is None:
-            tokens_in, has_tokens = _NO_TOKENS, False
-        elif type(tokens) is np.ndarray and tokens.dtype == _INT64 and tokens.ndim == 1:
+            tokens_in, has_tokens = NO_TOKENS, False
+        elif type(tokens) is np.ndarray and tokens.dtype == INT64 and tokens.ndim == 1:
             tokens_in, has_tokens = np.ascontiguousarray(tokens), True
         else:
             tokens_in, has_tokens = index_array(tokens, "tokens"), True
@@ -138,7 +132,7 @@ class OneRequest:
         if self.pipeline.pages is None and cap >= 0 and 1 <= length <= self.max_seq_len:
             r = None
             if keyed and not has_tokens:
-                keys_in = _NO_KEYS if keys is None else keys
+                keys_in = NO_KEYS if keys is None else keys
                 r = self.kernels.k_admit_one_keys(length, salt, keys_in, cap, *self.arenas.one_args)
             elif not keyed and keys is None and length == tokens_in.shape[0]:
                 r = self.kernels.k_admit_one(tokens_in, salt, cap, *self.arenas.one_args)

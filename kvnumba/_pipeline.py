@@ -190,6 +190,13 @@ class CallPipeline:
             self.fail(status, bad, ids=ids)
         return out
 
+    def can_append(self, ids: np.ndarray, counts: np.ndarray) -> bool:
+        """``BlockManager.can_append`` without a page pool (``PageSide.can_append`` with)."""
+        status, bad, need, available = self.kernels.k_can_append(ids, counts, *self.arenas.args)
+        if status:
+            self.fail(status, bad, ids=ids, counts=counts)
+        return bool(need <= available)
+
     def after_commit(self, out, pending=None) -> None:
         """A committed call without a page pool: keep its events, call ``on_evict``."""
         if self.events.chunks is not None:

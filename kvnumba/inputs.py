@@ -8,7 +8,14 @@ import os
 
 import numpy as np
 
-_NO_TOKENS = np.empty(0, dtype=np.int64)
+#: An empty token vector (a call without token ids) and an empty key array (no engine keys).
+NO_TOKENS = np.empty(0, dtype=np.int64)
+NO_KEYS = np.empty((0, 4), dtype=np.uint64)
+#: ``max_hit_blocks`` of a call without a cap.
+CAP_NONE = np.iinfo(np.int64).max
+#: dtypes tested by identity on the engine path (numpy keeps one descriptor of each).
+INT64 = np.dtype(np.int64)
+UINT64 = np.dtype(np.uint64)
 _INT64_MAX = np.iinfo(np.int64).max
 _UINT64_LIMIT = 1 << 64
 
@@ -220,7 +227,7 @@ def prompt_arrays(tokens, lengths, salts) -> tuple[np.ndarray, np.ndarray, np.nd
     ``tokens`` may be None (an empty vector). Raises ``ValueError`` for salts of another
     length than ``lengths``.
     """
-    tokens_in = _NO_TOKENS if tokens is None else index_array(tokens, "tokens")
+    tokens_in = NO_TOKENS if tokens is None else index_array(tokens, "tokens")
     lengths = index_array(lengths, "lengths")
     if salts is None:
         salts = np.zeros(lengths.shape[0], dtype=np.int64)

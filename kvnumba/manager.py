@@ -31,7 +31,7 @@ from kvnumba._kernels.entry import (
     RESULT,
     STATUS,
 )
-from kvnumba._one_request import CAP_NONE, OneRequest
+from kvnumba._one_request import OneRequest
 from kvnumba._pipeline import CallPipeline, Facts, part_call
 from kvnumba._state import (
     M_LIVE_SEQS,
@@ -40,12 +40,19 @@ from kvnumba._state import (
 )
 from kvnumba._virtual_pages import PageSide
 from kvnumba.ids import new_tag
-from kvnumba.inputs import count_arg, index_array, int64_vector, prompt_arrays, switch
+from kvnumba.inputs import (
+    CAP_NONE,
+    NO_TOKENS,
+    UINT64,
+    count_arg,
+    index_array,
+    int64_vector,
+    prompt_arrays,
+    switch,
+)
 from kvnumba.results import AdmitResult, AppendResult, Stats
 
 DEFAULT_MAX_SEQS = 1024
-_NO_TOKENS = np.empty(0, dtype=np.int64)
-_UINT64 = np.dtype(np.uint64)
 _INT64_MAX = np.iinfo(np.int64).max
 # Building a NamedTuple from a tuple skips its keyword-argument __new__.
 _new_append_result = AppendResult._make
@@ -213,7 +220,7 @@ class BlockManager:
         """
         ids, counts = int64_vector(ids, "ids"), int64_vector(counts, "counts")
         if tokens is None:
-            tokens_in, has_tokens = _NO_TOKENS, False
+            tokens_in, has_tokens = NO_TOKENS, False
         else:
             tokens_in, has_tokens = index_array(tokens, "tokens"), True
         if atomic is not True:  # the common case skips a call
@@ -326,11 +333,8 @@ class BlockManager:
         return children
 
     def release(self, ids) -> None:
-        """Drop every reference of each sequence, tail block first.
-
-        Full blocks with known content stay cached (least recently used reclaimed first);
-        every other block returns to the free list. The ids become invalid forever.
-        """
+        """Drop every reference of each sequence, tail block first; the ids become invalid.
+        Full blocks with known content stay cached, every other block is freed."""
         ids = index_array(ids, "ids")
         self._pipeline.run(self._kernels.k_release, (ids,), ids=ids)
 
@@ -372,14 +376,10 @@ class BlockManager:
 
     def can_append(self, ids, counts) -> bool:
         """Whether ``append(ids, counts, atomic=True)`` would succeed now (input validated)."""
-        ids = index_array(ids, "ids")
-        counts = index_array(counts, "counts")
+        ids, counts = index_array(ids, "ids"), index_array(counts, "counts")
         if self._pages is not None:
             return self._pages.can_append(ids, counts)
-        status, bad, need, available = self._kernels.k_can_append(ids, counts, *self._arenas.args)
-        if status:
-            self._pipeline.fail(status, bad, ids=ids, counts=counts)
-        return bool(need <= available)
+        return self._pipeline.can_append(ids, counts)
 
     lookup = part_call("_keys", EngineKeys.lookup)
     set_keys = part_call("_keys", EngineKeys.set_keys)
@@ -422,7 +422,7 @@ class BlockManager:
             tokens is None
             and self._keyed_fast
             and type(keys) is np.ndarray
-            and keys.dtype is _UINT64
+            and keys.dtype is UINT64
             and keys.ndim == 2
             and type(length) is int
             and 1 <= length <= self._geometry.max_seq_len

@@ -134,12 +134,6 @@ def pool_views(arena):
 
 
 @inlined
-def pool_num_free(head):
-    """Pages on the free stack."""
-    return head[H_FREE_TOP]
-
-
-@inlined
 def pool_take(head, free, owner, me, virtual):
     """Map one free physical page to ``virtual`` for the client ``me``; O(1).
 

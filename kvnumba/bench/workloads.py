@@ -28,7 +28,6 @@ OP_ADMIT = 1  # admit(tokens, lengths=vals): prompts with unique token ids (see 
 OP_FORK = 2  # fork(ids, n=fork_n); the children of ids[i] are vals[i], vals[i] + 1, ...
 OP_DECODE = 3  # append(ids, vals) with vals == 1, tokens=None
 OP_RELEASE = 4  # release(ids)
-OP_NAMES = ("prefill", "admit", "fork", "decode", "release")
 
 BLOCK_SIZE = 16
 
