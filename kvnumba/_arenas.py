@@ -232,14 +232,14 @@ def validated_geometry(
     block_size,
     max_seqs,
     max_seq_len,
-    *,
-    prefix_caching,
+    reserved_blocks,
+    hash_bits,
     page_pool,
     blocks_per_page,
-    reserved_blocks,
+    *,
+    prefix_caching,
     block_keys,
     block_events,
-    hash_bits,
 ) -> Geometry:
     """The validated :class:`Geometry` of a new manager.
 

@@ -127,19 +127,11 @@ class BlockManager:
         block_events: bool = False,
         _hash_bits: int = 64,
     ):
-        geometry = validated_geometry(
-            num_blocks,
-            block_size,
-            max_seqs,
-            max_seq_len,
-            prefix_caching=prefix_caching,
-            page_pool=page_pool,
-            blocks_per_page=blocks_per_page,
-            reserved_blocks=reserved_blocks,
-            block_keys=block_keys,
-            block_events=block_events,
-            hash_bits=_hash_bits,
-        )
+        switches = {"prefix_caching": prefix_caching, "block_keys": block_keys}
+        switches["block_events"] = block_events
+        pages = (page_pool, blocks_per_page)
+        sizes = (num_blocks, block_size, max_seqs, max_seq_len, reserved_blocks, _hash_bits)
+        geometry = validated_geometry(*sizes, *pages, **switches)
         if on_evict is not None and not callable(on_evict):
             raise TypeError("on_evict must be callable")
         check_arena_bytes(geometry, on_evict is not None, max_state_bytes)
