@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvnumba._state import EVT_BLOCK, EVT_KEY0, EVT_KIND
 from kvnumba.inputs import (
     CAP_NONE,
     NO_KEYS,
@@ -255,9 +256,9 @@ class EngineKeys:
         rows = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
         chunks.clear()
         return BlockEvents(
-            rows[:, 0].astype(np.uint8),
-            rows[:, 1].astype(np.int32),
-            np.ascontiguousarray(rows[:, 2:]).view(np.uint64),
+            rows[:, EVT_KIND].astype(np.uint8),
+            rows[:, EVT_BLOCK].astype(np.int32),
+            np.ascontiguousarray(rows[:, EVT_KEY0 : EVT_KEY0 + 4]).view(np.uint64),
         )
 
     def collect(self) -> None:

@@ -75,6 +75,10 @@ S_SAVED_PAYLOAD = 8  # S_EV_PAYLOAD before a logged give-up switched it on
 S_SHORT = 9  # blocks a failed call lacked at its failure point (what sibling reclaim must add)
 S_EVT_N = 10  # block events recorded and not yet collected by the facade (rows of ``evt``)
 SCR_SIZE = 16
+
+# --- columns of the scratch records ----------------------------------------------------------------
+REC_PHYSICAL, REC_VIRTUAL = 0, 1  # map_rec / unmap_rec rows: (physical page, virtual page)
+EVT_KIND, EVT_BLOCK, EVT_KEY0 = 0, 1, 2  # evt rows: (kind, block, key words 0-3)
 #: int64 words of ``admit_one``'s inputs and outputs before its hits in the scratch ``slots``
 #: field (the "call room"), which holds them and a sequence's worth of hits.
 CALL_ROOM_INPUTS = 8

@@ -26,6 +26,8 @@ from kvnumba._state import (
     M_START,
     M_VTOP,
     NIL,
+    REC_PHYSICAL,
+    REC_VIRTUAL,
     S_SHORT,
 )
 from kvnumba.inputs import positive_int
@@ -184,13 +186,13 @@ class PageSide:
         """Hand this call's unmapped pages to the pool's ``on_unmap``."""
         if self.pool.on_unmap is not None:
             unmapped = self.arenas.unmapped_records()
-            self.pool.deliver(unmapped=(unmapped[:, 0], unmapped[:, 1]))
+            self.pool.deliver(unmapped=(unmapped[:, REC_PHYSICAL], unmapped[:, REC_VIRTUAL]))
 
     def deliver_maps(self) -> None:
         """Hand this call's mapped pages to the pool's ``on_map``."""
         if self.pool.on_map is not None:
             maps = self.arenas.mapped_records()
-            self.pool.deliver(mapped=(maps[:, 0], maps[:, 1]))
+            self.pool.deliver(mapped=(maps[:, REC_PHYSICAL], maps[:, REC_VIRTUAL]))
 
     # ------------------------------------------------------------------ forked processes
     def _after_fork(self, pid: int, start: int) -> None:

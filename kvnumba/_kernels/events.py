@@ -11,7 +11,7 @@ from numba import int64, void
 
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.views import VIEWS
-from kvnumba._state import M_EVENTS, M_KEYED, S_EVT_N
+from kvnumba._state import EVT_BLOCK, EVT_KEY0, EVT_KIND, M_EVENTS, M_KEYED, S_EVT_N
 
 EVENT_STORED = 1
 EVENT_REMOVED = 2
@@ -21,15 +21,15 @@ EVENT_REMOVED = 2
 def record_event(v, kind, b):
     """Append an event row for block ``b`` (its key as it is now); once per event at most."""
     n = v.scr[S_EVT_N]
-    v.evt[n, 0] = kind
-    v.evt[n, 1] = b
+    v.evt[n, EVT_KIND] = kind
+    v.evt[n, EVT_BLOCK] = b
     if v.meta[M_KEYED] != 0:
         for w in range(4):
-            v.evt[n, 2 + w] = np.int64(v.block_key[b, w])
+            v.evt[n, EVT_KEY0 + w] = np.int64(v.block_key[b, w])
     else:
-        v.evt[n, 2] = np.int64(v.block_hash[b])
+        v.evt[n, EVT_KEY0] = np.int64(v.block_hash[b])
         for w in range(1, 4):
-            v.evt[n, 2 + w] = 0
+            v.evt[n, EVT_KEY0 + w] = 0
     v.scr[S_EVT_N] = n + 1
 
 

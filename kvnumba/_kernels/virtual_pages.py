@@ -44,6 +44,8 @@ from kvnumba._state import (
     M_PAGE_K,
     M_VTOP,
     NIL,
+    REC_PHYSICAL,
+    REC_VIRTUAL,
     S_MAP_N,
     S_UNMAP_N,
 )
@@ -116,8 +118,8 @@ def take_from_pages(v):
     meta[M_FREE_MAPPED] += k - 1
     meta[M_MAPPED] += 1
     n = v.scr[S_MAP_N]
-    v.map_rec[n, 0] = phys
-    v.map_rec[n, 1] = page
+    v.map_rec[n, REC_PHYSICAL] = phys
+    v.map_rec[n, REC_VIRTUAL] = page
     v.scr[S_MAP_N] = n + 1
     return first
 
@@ -147,8 +149,8 @@ def unmap_page(v, page):
     meta[M_FREE_MAPPED] -= c
     meta[M_MAPPED] -= 1
     n = v.scr[S_UNMAP_N]
-    v.unmap_rec[n, 0] = phys
-    v.unmap_rec[n, 1] = page
+    v.unmap_rec[n, REC_PHYSICAL] = phys
+    v.unmap_rec[n, REC_VIRTUAL] = page
     v.scr[S_UNMAP_N] = n + 1
 
 
