@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvnumba._pipeline import failure
 from kvnumba._state import EVT_BLOCK, EVT_KEY0, EVT_KIND
 from kvnumba.inputs import (
     CAP_NONE,
@@ -65,6 +66,8 @@ class EngineKeys:
         The manager's arenas.
     kernels : KernelSet
         Its kernels.
+    facts : Facts
+        What error messages read of the manager.
     block_keys : bool
         Whether blocks are registered under engine keys.
     block_events : bool
@@ -75,16 +78,14 @@ class EngineKeys:
     block_keys : bool
     chunks : list of numpy.ndarray or None
         Event rows of committed calls not yet drained (None without ``block_events``).
-    pipeline : CallPipeline
-        Set by the manager once its pipeline exists (errors are raised through it).
     """
 
-    def __init__(self, arenas, kernels, block_keys: bool, block_events: bool):
+    def __init__(self, arenas, kernels, facts, block_keys: bool, block_events: bool):
         self.arenas = arenas
         self.kernels = kernels
+        self.facts = facts
         self.block_keys = bool(block_keys)
         self.chunks: list | None = [] if block_events else None
-        self.pipeline = None
 
     def prompt_inputs(self, tokens, lengths, salts, keys, key_counts, max_hit_blocks):
         """Converted inputs of a keyed or capped admit / lookup (shapes and types only).
@@ -181,9 +182,8 @@ class EngineKeys:
             result = self.kernels.k_lookup(tokens_in, lengths, salts, caps, *args)
         status, bad, num_cached_tokens, block_ids = result
         if status:
-            self.pipeline.fail(
-                status, bad, lengths=lengths, tokens=tokens_in, key_counts=key_counts, caps=caps
-            )
+            named = {"lengths": lengths, "tokens": tokens_in, "key_counts": key_counts}
+            raise failure(self.facts, status, bad, caps=caps, **named)
         return LookupResult(num_cached_tokens, block_ids)
 
     def set_keys(self, ids, starts, counts, keys) -> int:
@@ -228,7 +228,7 @@ class EngineKeys:
             ids, starts, counts, keys, *self.arenas.args
         )
         if status:
-            self.pipeline.fail(status, bad, ids=ids, starts=starts, counts=counts)
+            raise failure(self.facts, status, bad, ids=ids, starts=starts, counts=counts)
         self.collect()
         return int(registered)
 

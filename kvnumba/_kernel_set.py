@@ -12,6 +12,8 @@ compiles.
 
 from __future__ import annotations
 
+import weakref
+
 from kvnumba.kernels import LAZY, ONE_REQUEST, SIGNATURES, compiled
 
 #: Entry kernels a manager can call, by their plain names (a page pool's variant is bound under
@@ -46,12 +48,17 @@ class Lazy:
     __slots__ = ("owner", "attribute", "name")
 
     def __init__(self, owner: KernelSet, attribute: str, name: str):
-        self.owner, self.attribute, self.name = owner, attribute, name
+        # Weakly: the set holds its loaders, and a cycle would keep a dropped manager's parts
+        # alive until the garbage collector ran.
+        self.owner = weakref.ref(owner)
+        self.attribute, self.name = attribute, name
 
     def load(self):
         """Compile or load the kernel now and bind it in the owner; returns it."""
         kernel = load(self.name)
-        setattr(self.owner, self.attribute, kernel)
+        owner = self.owner()
+        if owner is not None:
+            setattr(owner, self.attribute, kernel)
         return kernel
 
     def __call__(self, *args):
@@ -72,7 +79,7 @@ class KernelSet:
         and takes the pool's arena after the manager's two (``Arenas.call_args``).
     """
 
-    __slots__ = KERNEL_NAMES
+    __slots__ = (*KERNEL_NAMES, "__weakref__")
 
     def __init__(self, paged: bool):
         for name in KERNEL_NAMES:

@@ -35,24 +35,28 @@ class OneRequest:
 
     Parameters
     ----------
-    manager : BlockManager
-        Its batched calls serve what the one-request kernels do not.
     pipeline : CallPipeline
-        Events and callbacks after a commit.
+        Events and callbacks after a commit, typed errors.
     engine_keys : EngineKeys
-        Whether blocks are keyed.
+        Whether blocks are keyed; ``lookup`` for ``lookup_one``'s fallback.
+
+    Notes
+    -----
+    What the one-request kernels do not serve falls back to the manager's batched calls: the
+    manager passes itself to :meth:`append_one` and :meth:`admit_one` (a part holds no
+    reference to its manager).
     """
 
-    def __init__(self, manager, pipeline, engine_keys):
-        self.manager = manager
+    def __init__(self, pipeline, engine_keys):
         self.pipeline = pipeline
+        self.engine_keys = engine_keys
         self.arenas = pipeline.arenas
         self.kernels = pipeline.kernels
         self.block_keys = engine_keys.block_keys
         g = self.arenas.geometry
         self.block_size, self.max_seq_len = g.block_size, g.max_seq_len
 
-    def append_one(self, seq_id, count, key_start, keys) -> tuple[int, int, int, int]:
+    def append_one(self, manager, seq_id, count, key_start, keys) -> tuple[int, int, int, int]:
         """``BlockManager.append_one`` past its fast path."""
         seq_id, count = as_int(seq_id, "seq_id"), as_int(count, "count")
         fast = self.pipeline.pages is None and 0 <= count <= self.max_seq_len
@@ -77,7 +81,6 @@ class OneRequest:
                 out = r[APPEND_ONE_RESULT]
                 self.pipeline.after_commit(out)
                 return out
-        manager = self.manager
         ids = np.array([seq_id], dtype=np.int64)
         if keys is not None and self.pipeline.pages is not None:
             # On a page pool the batched calls run: the positions are checked first, so that
@@ -104,7 +107,7 @@ class OneRequest:
             counts=np.array([keys.shape[0]]),
         )
 
-    def admit_one(self, tokens, length, salt, keys, max_hit_blocks) -> tuple[int, int]:
+    def admit_one(self, manager, tokens, length, salt, keys, max_hit_blocks) -> tuple[int, int]:
         """``BlockManager.admit_one`` past its fast path."""
         if type(salt) is not int:
             salt = as_int(salt, "salt")
@@ -143,7 +146,7 @@ class OneRequest:
         # The keys are the first K full blocks, as on the fast path (the batched default
         # would be every full block): a prompt that does not fit is PoolExhausted.
         keyed = keys is not None and keyed
-        result = self.manager.admit(
+        result = manager.admit(
             None if tokens is None else tokens_in,
             [length],
             salts=[salt],
@@ -187,7 +190,7 @@ class OneRequest:
             )
             if status == 0:
                 return hits
-        result = self.manager.lookup(
+        result = self.engine_keys.lookup(
             None,
             [length],
             salts=[salt],
@@ -209,5 +212,5 @@ class OneRequest:
             For an id that is not live.
         """
         ids = np.array([as_int(seq_id, "seq_id")], dtype=np.int64)
-        self.manager.seq_lens(ids)  # validates the id
+        self.pipeline.read(self.kernels.k_seq_lens, ids)  # validates the id
         return self.arenas.views.seq_table[split_id(int(ids[0]), self.arenas.geometry.max_seqs)[2]]

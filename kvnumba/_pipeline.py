@@ -80,6 +80,33 @@ class Facts:
         return bool(s.seq_live[slot]) and generation == s.seq_gen[slot]
 
 
+def failure(facts, status, bad, needed=0, available=0, requested=0, **inputs) -> Exception:
+    """The typed exception of a failed kernel call (``errors.STATUS_ERRORS``).
+
+    Parameters
+    ----------
+    facts : Facts
+        The manager's geometry and lookups.
+    status, bad : int
+        The kernel's status and offending input index.
+    needed, available : int
+        Blocks, for ``PoolExhausted``.
+    requested : int
+        New sequences asked for, for ``TooManySequences``.
+    **inputs
+        The call's inputs by name.
+    """
+    return E.error_for(E.Failure(status, bad, inputs, facts, needed, available, requested))
+
+
+def deliver_evictions(arenas, on_evict) -> None:
+    """Call ``on_evict`` with copies of the last call's eviction records, if there are any."""
+    if on_evict is not None:
+        records = arenas.evictions()
+        if records is not None:
+            on_evict(*records)
+
+
 class CallPipeline:
     """Runs a manager's calls: retry, rollback, typed errors, events and callbacks.
 
@@ -89,28 +116,28 @@ class CallPipeline:
     kernels : KernelSet
     events : EngineKeys
         Keeps the block events of committed calls.
+    facts : Facts
+        What error messages read of the manager.
     on_evict : callable or None
         The manager's eviction callback.
+    pages : PageSide or None
+        The page-pool part of a manager on a page pool.
 
     Attributes
     ----------
-    pages : PageSide or None
-        The page-pool part, set when the manager joins a pool.
     failed_calls : int
         Calls that failed for lack of blocks, and non-atomic calls that served only part of
         their input (``Stats.failed_calls``).
-    facts : Facts
-        What error messages read of the manager.
     """
 
-    def __init__(self, arenas, kernels, events, on_evict):
+    def __init__(self, arenas, kernels, events, facts, on_evict, pages=None):
         self.arenas = arenas
         self.kernels = kernels
         self.events = events
+        self.facts = facts
         self.on_evict = on_evict
-        self.pages = None
+        self.pages = pages
         self.failed_calls = 0
-        self.facts = Facts(arenas, kernels)
 
     def run(self, kernel, inputs, *, atomic=True, grow=None, build=None, first=None, **context):
         """Run one state-changing entry kernel to its end.
@@ -205,30 +232,15 @@ class CallPipeline:
             deliver_all((self.deliver_evictions,), out, pending)
 
     def fail(self, status, bad, needed=0, available=0, requested=0, **inputs):
-        """Raise the typed exception of a failed call (the kernel changed nothing).
-
-        Parameters
-        ----------
-        status, bad : int
-            The kernel's status and offending input index.
-        needed, available : int
-            Blocks, for ``PoolExhausted``.
-        requested : int
-            New sequences asked for, for ``TooManySequences``.
-        **inputs
-            The call's inputs by name.
-        """
+        """Raise the typed exception of a failed call (:func:`failure`); a call that failed
+        for lack of blocks counts in ``failed_calls``."""
         if status == E.ST_POOL_EXHAUSTED:
             self.failed_calls += 1
-        failure = E.Failure(status, bad, inputs, self.facts, needed, available, requested)
-        raise E.error_for(failure)
+        raise failure(self.facts, status, bad, needed, available, requested, **inputs)
 
     def deliver_evictions(self) -> None:
         """Call ``on_evict`` with copies of the last call's eviction records, if any."""
-        if self.on_evict is not None:
-            records = self.arenas.evictions()
-            if records is not None:
-                self.on_evict(*records)
+        deliver_evictions(self.arenas, self.on_evict)
 
 
 def deliver_all(deliveries, result=None, pending=None) -> None:

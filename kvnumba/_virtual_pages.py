@@ -16,7 +16,7 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._kernels.physical_pages import O_CLIENT, O_PID, O_START, views_of
-from kvnumba._pipeline import deliver_all
+from kvnumba._pipeline import deliver_all, deliver_evictions, failure
 from kvnumba._state import (
     M_CACHED,
     M_CLIENT,
@@ -68,8 +68,14 @@ class PageSide:
         The manager (held only by its finalizer: the pages go back when it is collected).
     pool : PagePool
         The pool to join.
-    pipeline : CallPipeline
-        The manager's call pipeline (arenas, kernels, events and ``on_evict``).
+    arenas : Arenas
+    kernels : KernelSet
+    events : EngineKeys
+        Keeps the block events of committed give-ups.
+    facts : Facts
+        What error messages read of the manager.
+    on_evict : callable or None
+        The manager's eviction callback (a give-up evicts).
 
     Attributes
     ----------
@@ -79,14 +85,16 @@ class PageSide:
         The manager's client token in the pool's owner records.
     """
 
-    def __init__(self, owner, pool, pipeline):
+    def __init__(self, owner, pool, arenas, kernels, events, facts, on_evict):
         from kvnumba._process import FORK_AWARE
         from kvnumba.physical_pages import _load_kernels
 
         self.pool = pool
-        self.pipeline = pipeline
-        self.arenas = pipeline.arenas
-        self.kernels = pipeline.kernels
+        self.arenas = arenas
+        self.kernels = kernels
+        self.events = events
+        self.facts = facts
+        self.on_evict = on_evict
         self.blocks_per_page = self.arenas.geometry.blocks_per_page
         self.num_pages = self.arenas.geometry.num_pages
         _load_kernels()  # the pool's repair and reclaim may run inside this manager's calls
@@ -127,7 +135,7 @@ class PageSide:
                 ids, counts, *self.arenas.call_args
             )
             if status:
-                self.pipeline.fail(status, bad, ids=ids, counts=counts)
+                raise failure(self.facts, status, bad, ids=ids, counts=counts)
             if need <= available:
                 return True
             # What sibling reclaim could add: whole pages, up to the unmapped virtual pages.
@@ -145,8 +153,8 @@ class PageSide:
         with self.pool.lock():
             self.arenas.ensure_give_up_records(int(self.arenas.s.meta[M_CACHED]))
             done = int(self.kernels.k_give_up(self.num_pages, False, *self.arenas.call_args))
-        self.pipeline.events.collect()
-        deliver_all((self.pipeline.deliver_evictions, self.deliver_unmaps), done, pending)
+        self.events.collect()
+        deliver_all((self.deliver_evictions, self.deliver_unmaps), done, pending)
         return done
 
     def close(self) -> None:
@@ -179,8 +187,12 @@ class PageSide:
         deliveries = []
         for sibling in givers:
             deliveries += sibling.give_up_deliveries()
-        deliveries += [self.pipeline.deliver_evictions, self.deliver_unmaps, self.deliver_maps]
+        deliveries += [self.deliver_evictions, self.deliver_unmaps, self.deliver_maps]
         deliver_all(deliveries, result, pending)
+
+    def deliver_evictions(self) -> None:
+        """Hand this manager's last evictions to its ``on_evict``."""
+        deliver_evictions(self.arenas, self.on_evict)
 
     def deliver_unmaps(self) -> None:
         """Hand this call's unmapped pages to the pool's ``on_unmap``."""
@@ -253,7 +265,7 @@ class PageSide:
     def commit_give_up(self) -> None:
         """Keep a logged give-up (a starving sibling used the pages)."""
         self.kernels.k_commit_give_up(*self.arenas.call_args)
-        self.pipeline.events.collect()
+        self.events.collect()
 
     def rollback_give_up(self) -> None:
         """Undo a logged give-up: the pages are this manager's again, byte for byte."""
@@ -261,4 +273,4 @@ class PageSide:
 
     def give_up_deliveries(self) -> list:
         """The callbacks of a committed give-up, for the starving manager to run with its own."""
-        return [self.pipeline.deliver_evictions, self.deliver_unmaps]
+        return [self.deliver_evictions, self.deliver_unmaps]

@@ -139,13 +139,12 @@ class BlockManager:
         self._id_tag = new_tag(self)
         self._arenas = Arenas(geometry, self._id_tag, on_evict is not None)
         self._kernels = KernelSet(paged=page_pool is not None)
-        self._keys = EngineKeys(self._arenas, self._kernels, block_keys, block_events)
-        self._pipeline = CallPipeline(self._arenas, self._kernels, self._keys, on_evict)
-        self._facts = self._pipeline.facts
-        self._keys.pipeline = self._pipeline
-        self._one = OneRequest(self, self._pipeline, self._keys)
-        self._pages = None if page_pool is None else PageSide(self, page_pool, self._pipeline)
-        self._pipeline.pages = self._pages
+        self._facts = Facts(self._arenas, self._kernels)
+        self._keys = EngineKeys(self._arenas, self._kernels, self._facts, block_keys, block_events)
+        parts = (self._arenas, self._kernels, self._keys, self._facts, on_evict)
+        self._pages = None if page_pool is None else PageSide(self, page_pool, *parts)
+        self._pipeline = CallPipeline(*parts, self._pages)
+        self._one = OneRequest(self._pipeline, self._keys)
         # The one-request fast paths: managers without a pool (keyed admits: with engine keys).
         self._fast = page_pool is None
         self._keyed_fast = self._fast and geometry.block_keys
@@ -194,7 +193,7 @@ class BlockManager:
         """
         count = count_arg(count, "count", 0)
         if count > self.max_seqs:  # before anything is allocated for the ids
-            raise E.TooManySequences(count, self._pipeline.facts.free_slots(), self.max_seqs)
+            raise E.TooManySequences(count, self._facts.free_slots(), self.max_seqs)
         status, ids = self._kernels.k_new_sequences(count, *self._arenas.args)
         if status:
             self._pipeline.fail(status, -1, requested=count)
@@ -315,7 +314,7 @@ class BlockManager:
         n = count_arg(n, "n", 1)
         if ids.shape[0] * n > self.max_seqs:  # before anything is allocated for the children
             self.seq_lens(ids)  # an invalid id still takes precedence
-            free = self._pipeline.facts.free_slots()
+            free = self._facts.free_slots()
             raise E.TooManySequences(ids.shape[0] * n, free, self.max_seqs)
         if n > _INT64_MAX:  # no parents, so no TooManySequences; the kernel takes an int64
             raise ValueError(f"n must be below 2**63, got {n}")
@@ -399,7 +398,7 @@ class BlockManager:
                     if self._pipeline.on_evict is not None or self._keys.chunks is not None:
                         self._pipeline.after_commit(out)
                     return out
-        return self._one.append_one(seq_id, count, key_start, keys)
+        return self._one.append_one(self, seq_id, count, key_start, keys)
 
     def admit_one(
         self, tokens=None, *, length=None, salt=0, keys=None, max_hit_blocks=None
@@ -428,7 +427,7 @@ class BlockManager:
                     if self._pipeline.on_evict is not None or self._keys.chunks is not None:
                         self._pipeline.after_commit(out)
                     return out
-        return self._one.admit_one(tokens, length, salt, keys, max_hit_blocks)
+        return self._one.admit_one(self, tokens, length, salt, keys, max_hit_blocks)
 
     table_row = part_call("_one", OneRequest.table_row)
 
