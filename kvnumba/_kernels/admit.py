@@ -320,8 +320,9 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
                 ok[q] = False
             return Outcome(ST_POOL_EXHAUSTED, p, needed, available, 0)
         needed += need
-        slot, new_id = open_slot(v, salt)
-        ids[p] = new_id
+        opened = open_slot(v, salt)
+        slot = opened.slot
+        ids[p] = opened.seq_id
         for pos in range(num_hits):
             b = hits[pos]
             if v.ref[b] == 0:

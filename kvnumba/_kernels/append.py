@@ -302,9 +302,10 @@ def validate_growth(v, ids, counts, tokens_in, has_tokens, slots):
     v.scr[S_STAMP] = stamp
     max_len = v.meta[M_MAX_SEQ_LEN]
     for i in range(ids.shape[0]):
-        status, slot = resolve(v, ids[i])
-        if status != ST_OK:
-            return Status(status, i)
+        found = resolve(v, ids[i])
+        if found.status != ST_OK:
+            return Status(found.status, i)
+        slot = found.slot
         if v.seq_mark[slot] == stamp:
             return Status(ST_DUPLICATE_ID, i)
         v.seq_mark[slot] = stamp

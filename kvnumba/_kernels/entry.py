@@ -289,19 +289,19 @@ def k_fork(ids, n, arena, scratch):
     """``fork``: returns (status, bad, children)."""
     slots = np.empty(ids.shape[0], dtype=np.int64)
     children = np.empty((ids.shape[0], n), dtype=np.int64)
-    status, bad = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
-    if status != ST_OK:
-        return status, bad, children
+    resolved = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
+    if resolved.status != ST_OK:
+        return resolved.status, resolved.bad, children
     return run_fork(slots, children, arena, scratch), -1, children
 
 
 @njit(cache=True, inline="always")
 def _release(ids, arena, scratch, pool):
     slots = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad = resolve_ids(ids, np.bool_(True), slots, arena, scratch)
-    if status == ST_OK:
+    resolved = resolve_ids(ids, np.bool_(True), slots, arena, scratch)
+    if resolved.status == ST_OK:
         run_release(slots, arena, scratch, pool)
-    return status, bad, 0, 0
+    return resolved.status, resolved.bad, 0, 0
 
 
 @njit(cache=True)
@@ -319,8 +319,8 @@ def k_release_paged(ids, arena, scratch, pool):
 @njit(cache=True, inline="always")
 def _truncate(ids, new_lens, arena, scratch, pool):
     slots = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad = run_truncate(ids, new_lens, slots, arena, scratch, pool)
-    return status, bad, 0, 0, 0
+    truncated = run_truncate(ids, new_lens, slots, arena, scratch, pool)
+    return truncated.status, truncated.bad, 0, 0, 0
 
 
 @njit(cache=True)
@@ -338,29 +338,29 @@ def k_truncate_paged(ids, new_lens, arena, scratch, pool):
 @njit(cache=True)
 def k_evict(blocks, arena, scratch):
     """``evict``: returns (status, bad, record rows needed, 0, blocks evicted)."""
-    status, bad, rows, count = run_evict(blocks, arena, scratch, with_pages(scratch))
-    return status, bad, rows, 0, count
+    outcome = run_evict(blocks, arena, scratch, with_pages(scratch))
+    return outcome.status, outcome.bad, outcome.needed, 0, outcome.count
 
 
 @njit(cache=True)
 def k_evict_paged(blocks, arena, scratch, pool):
     """``evict`` of a manager on a page pool (an emptied page is unmapped)."""
-    status, bad, rows, count = run_evict(blocks, arena, scratch, with_pages(pool))
-    return status, bad, rows, 0, count
+    outcome = run_evict(blocks, arena, scratch, with_pages(pool))
+    return outcome.status, outcome.bad, outcome.needed, 0, outcome.count
 
 
 @njit(cache=True)
 def k_reset_prefix_cache(arena, scratch):
     """``reset_prefix_cache``: returns (status, -1, record rows needed, 0, blocks evicted)."""
-    status, rows, count = run_reset_prefix_cache(arena, scratch, with_pages(scratch))
-    return status, -1, rows, 0, count
+    outcome = run_reset_prefix_cache(arena, scratch, with_pages(scratch))
+    return outcome.status, -1, outcome.needed, 0, outcome.count
 
 
 @njit(cache=True)
 def k_reset_prefix_cache_paged(arena, scratch, pool):
     """``reset_prefix_cache`` of a manager on a page pool."""
-    status, rows, count = run_reset_prefix_cache(arena, scratch, with_pages(pool))
-    return status, -1, rows, 0, count
+    outcome = run_reset_prefix_cache(arena, scratch, with_pages(pool))
+    return outcome.status, -1, outcome.needed, 0, outcome.count
 
 
 @njit(cache=True)
@@ -391,9 +391,9 @@ def k_rollback_paged(arena, scratch, pool):
 def k_block_tables(ids, arena, scratch):
     """``block_tables``: returns (status, bad, int32 tables padded with -1)."""
     slots = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
-    if status != ST_OK:
-        return status, bad, np.empty((0, 0), dtype=np.int32)
+    resolved = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
+    if resolved.status != ST_OK:
+        return resolved.status, resolved.bad, np.empty((0, 0), dtype=np.int32)
     out = np.full((ids.shape[0], table_width(slots, arena, scratch)), -1, dtype=np.int32)
     fill_tables(slots, out, arena, scratch)
     return ST_OK, -1, out
@@ -404,10 +404,10 @@ def k_seq_lens(ids, arena, scratch):
     """``seq_lens``: returns (status, bad, int64 lengths)."""
     slots = np.empty(ids.shape[0], dtype=np.int64)
     out = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
-    if status == ST_OK:
+    resolved = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
+    if resolved.status == ST_OK:
         fill_lens(slots, out, arena, scratch)
-    return status, bad, out
+    return resolved.status, resolved.bad, out
 
 
 @njit(cache=True)
@@ -468,9 +468,9 @@ def _append_one(seq_id, count, arena, scratch):
     slot = results.slots[0]
     if status != ST_OK:
         return status, bad, needed, available, 0, 0, -1, -1, slot
-    length, block_size = length_and_block_size(slot, arena, scratch)
-    after = blocks_of(length, block_size)
-    before = blocks_of(length - count, block_size)
+    size = length_and_block_size(slot, arena, scratch)
+    after = blocks_of(size.length, size.block_size)
+    before = blocks_of(size.length - count, size.block_size)
     if outcome.count > 0:
         cow_src, cow_dst = results.cow_src[0], results.cow_dst[0]
         return status, bad, needed, available, before, after, cow_src, cow_dst, slot

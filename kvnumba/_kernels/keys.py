@@ -189,9 +189,9 @@ def run_set_keys(ids, starts, counts, keys, slots, arena, scratch):
     n = ids.shape[0]
     if starts.shape[0] != n or counts.shape[0] != n:
         return Outcome(ST_BAD_KEY_COUNT, -1, 0, 0, 0)
-    status, bad = resolve_ids(ids, True, slots, arena, scratch)
-    if status != ST_OK:
-        return Outcome(status, bad, 0, 0, 0)
+    resolved = resolve_ids(ids, True, slots, arena, scratch)
+    if resolved.status != ST_OK:
+        return Outcome(resolved.status, resolved.bad, 0, 0, 0)
     v = views(arena, scratch, scratch)
     block_size = v.tokens.shape[1]
     rows = 0
@@ -236,9 +236,10 @@ def check_key_run(seq_id, count, start, keys, arena, scratch):
     has grown by ``count`` tokens: a :class:`.Status`. Read only; an unknown id or a bad count is
     left to the append's own validation (ST_OK here)."""
     v = views(arena, scratch, scratch)
-    status, slot = resolve(v, seq_id)
-    if status != ST_OK or count < 0:
+    found = resolve(v, seq_id)
+    if found.status != ST_OK or count < 0:
         return Status(ST_OK, -1)
+    slot = found.slot
     block_size = v.tokens.shape[1]
     length = v.seq_len[slot]
     full = (length + count) // block_size
