@@ -148,7 +148,7 @@ ADMIT_ONE_AT = room_layout("AdmitOneAt", ADMIT_ONE_ROOM, CALL_ROOM_INPUTS, "hits
 
 # --- the field tables: the one description of the arenas' layout ---------------------------------
 # Every state array is a view into one 64-byte aligned uint8 arena, and every per-call scratch
-# array into a second one. Kernel dispatch costs about 150 ns per array argument, so entry kernels
+# array into a second one. Kernel dispatch pays for every array argument, so entry kernels
 # take just the arenas; the kernels carve named views out of them (``kvnumba/_kernels/views.py``
 # generates that code from these tables). The arena starts with a header of HEADER_SLOTS int64
 # per field: byte offset, byte size, item size, first and second dimension (0 for 1-D fields).
