@@ -17,7 +17,7 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._kernel_set import ready
-from kvnumba._kernels.entry import AVAILABLE, BAD, NEEDED, RESULT, STATUS
+from kvnumba._kernels.entry import AVAILABLE, BAD, COUNT, NEEDED, STATUS
 from kvnumba._state import M_ID_TAG, M_SLOT_TOP, S_FAILED, S_LOG_ON
 from kvnumba.ids import split_id
 
@@ -153,7 +153,7 @@ class CallPipeline:
         grow : callable, optional
             ``grow(result)`` makes room after ``ST_NEED_BUFFERS``; the call is then retried.
         build : callable, optional
-            Makes the call's result from the kernel's result fields.
+            Makes the call's result from the kernel's result tuple.
         first : tuple, optional
             The result of a first try the caller made already (without a page pool).
         **context
@@ -162,7 +162,7 @@ class CallPipeline:
         Returns
         -------
         object
-            ``build(result fields)``, or None without ``build``.
+            ``build(kernel result)``, or None without ``build``.
         """
         kernel = ready(kernel)
         arenas = self.arenas
@@ -191,7 +191,7 @@ class CallPipeline:
             self.fail(status, result[BAD], result[NEEDED], result[AVAILABLE], **context)
         if not atomic and arenas.scr[S_FAILED]:  # set by a partial append or admit only
             self.failed_calls += 1
-        out = None if build is None else build(result[RESULT])
+        out = None if build is None else build(result)
         if pages is None:
             self.after_commit(out)
         else:
@@ -206,7 +206,7 @@ class CallPipeline:
             kernel,
             inputs,
             grow=lambda result: arenas.grow_records(result[NEEDED]),
-            build=lambda fields: int(fields[0]),
+            build=lambda result: int(result[COUNT]),
             **named,
         )
 

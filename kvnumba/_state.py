@@ -79,20 +79,81 @@ SCR_SIZE = 16
 # --- columns of the scratch records ----------------------------------------------------------------
 REC_PHYSICAL, REC_VIRTUAL = 0, 1  # map_rec / unmap_rec rows: (physical page, virtual page)
 EVT_KIND, EVT_BLOCK, EVT_KEY0 = 0, 1, 2  # evt rows: (kind, block, key words 0-3)
-#: int64 words of ``admit_one``'s inputs and outputs before its hits in the scratch ``slots``
-#: field (the "call room"), which holds them and a sequence's worth of hits.
+
+#: int64 words at the start of the scratch ``slots`` field (the "call room") for the buffers of
+#: ``admit_one`` (:data:`ADMIT_ONE_ROOM`); its hits, a sequence's worth, follow.
 CALL_ROOM_INPUTS = 8
-#: int64 words of ``append_one``'s inputs and outputs before its slots (up to a block's) in
-#: the call room, which is at least ``block_size + CALL_ROOM_INPUTS`` words.
+#: int64 words at the start of the call room for the buffers of ``append_one``
+#: (:data:`APPEND_ONE_ROOM`); its slots (up to a block's) follow. The room is at least
+#: ``block_size + CALL_ROOM_INPUTS`` words.
 APPEND_ONE_INPUTS = 6
 #: Most hits the call room holds: a longer prompt's ``admit_one`` takes the batched path, so
 #: that absurd sequence lengths do not double the scratch arena.
 CALL_ROOM_MAX_HITS = 1 << 16
 
 
+# --- the call room: the one-request calls' buffers at the start of the scratch ``slots`` field ---
+class RoomBuffer(NamedTuple):
+    """One buffer of a one-request call in the call room: its name, dtype and length (0: an
+    empty vector, for an input or output the call does not have)."""
+
+    name: str
+    dtype: type
+    count: int
+
+
+def room_layout(typename: str, buffers: tuple[RoomBuffer, ...], words: int, rest: str):
+    """Byte offsets of ``buffers``, laid out in order from the start of the call room (each at
+    the next multiple of its item size), as a NamedTuple by buffer name. They must fit in
+    ``words`` int64 words, where the call's variable-size buffer ``rest`` starts."""
+    offsets = {}
+    at = 0
+    for buffer in buffers:
+        size = np.dtype(buffer.dtype).itemsize
+        at = -(-at // size) * size
+        offsets[buffer.name] = at
+        at += size * buffer.count
+    if at > 8 * words:
+        raise ValueError(f"{typename}: {at} bytes do not fit in {words} words")
+    offsets[rest] = 8 * words
+    return NamedTuple(typename, [(name, int) for name in offsets])(**offsets)
+
+
+#: The buffers of ``append_one`` (one sequence of an append without token ids).
+APPEND_ONE_ROOM = (
+    RoomBuffer("slots", np.int64, 1),  # the sequence's slot, written by the validation
+    RoomBuffer("ids", np.int64, 1),
+    RoomBuffer("counts", np.int64, 1),
+    RoomBuffer("cow_src", np.int32, 1),
+    RoomBuffer("cow_dst", np.int32, 1),
+    RoomBuffer("ok", np.bool_, 1),
+    RoomBuffer("no_tokens", np.int64, 0),
+)
+#: Byte offset of each buffer of :data:`APPEND_ONE_ROOM` in the call room, by name
+#: (``APPEND_ONE_AT.ids``), and of the slot mapping that follows them.
+APPEND_ONE_AT = room_layout("AppendOneAt", APPEND_ONE_ROOM, APPEND_ONE_INPUTS, "slot_mapping")
+
+#: The buffers of ``admit_one`` (one prompt), and the empty inputs of the kind it lacks (the
+#: keys of a prompt with token ids, the token ids of one with keys only).
+ADMIT_ONE_ROOM = (
+    RoomBuffer("lengths", np.int64, 1),
+    RoomBuffer("salts", np.int64, 1),
+    RoomBuffer("caps", np.int64, 1),
+    RoomBuffer("ids", np.int64, 1),
+    RoomBuffer("cached", np.int64, 1),
+    RoomBuffer("key_counts", np.int64, 1),
+    RoomBuffer("ok", np.bool_, 1),
+    RoomBuffer("no_slots", np.int64, 0),  # the facade reads no slot mapping
+    RoomBuffer("no_tokens", np.int64, 0),
+    RoomBuffer("no_keys", np.uint64, 0),
+)
+#: Byte offset of each buffer of :data:`ADMIT_ONE_ROOM` in the call room, by name, and of the
+#: hits that follow them.
+ADMIT_ONE_AT = room_layout("AdmitOneAt", ADMIT_ONE_ROOM, CALL_ROOM_INPUTS, "hits")
+
 # --- the field tables: the one description of the arenas' layout ---------------------------------
 # Every state array is a view into one 64-byte aligned uint8 arena, and every per-call scratch
-# array into a second one. Kernel dispatch costs about 150 ns per array argument, so entry kernels
+# array into a second one. Kernel dispatch pays for every array argument, so entry kernels
 # take just the arenas; the kernels carve named views out of them (``kvnumba/_kernels/views.py``
 # generates that code from these tables). The arena starts with a header of HEADER_SLOTS int64
 # per field: byte offset, byte size, item size, first and second dimension (0 for 1-D fields).

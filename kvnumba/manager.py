@@ -56,7 +56,16 @@ DEFAULT_MAX_SEQS = 1024
 _INT64_MAX = np.iinfo(np.int64).max
 # Building a NamedTuple from a tuple skips its keyword-argument __new__.
 _new_append_result = AppendResult._make
-_new_admit_result = AdmitResult._make
+
+
+def _append_result(result) -> AppendResult:
+    return _new_append_result(result[RESULT])
+
+
+def _admit_result(result) -> AdmitResult:
+    return AdmitResult._make(result[RESULT])
+
+
 # A copy would share nothing sound: the views alias one arena, the one-request calls its address.
 _NOT_COPYABLE = (
     "a BlockManager cannot be copied; snapshot() copies its state arrays, and a new manager "
@@ -236,7 +245,7 @@ class BlockManager:
             inputs,
             atomic=atomic,
             grow=lambda result: arenas.grow_records(result[NEEDED]),
-            build=_new_append_result,
+            build=_append_result,
             first=first,
             ids=ids,
             counts=counts,
@@ -302,7 +311,7 @@ class BlockManager:
             inputs,
             atomic=atomic,
             grow=lambda r: arenas.grow_records(min(r[NEEDED], blocks), r[NEEDED], prompts),
-            build=_new_admit_result,
+            build=_admit_result,
             **named,
         )
 

@@ -33,7 +33,7 @@ from numba import njit
 
 import kvnumba
 from kvnumba import BlockManager, PagePool
-from kvnumba._kernels.links import list_push_back, list_push_front, list_unlink
+from kvnumba._kernels.links import LinkedList, list_push_back, list_push_front, list_unlink
 from kvnumba._kernels.prefix import (
     chain_hash,
     root_hash,
@@ -108,16 +108,15 @@ def _list_op(arena, scratch, op, node, tailed):
     # One list on the LRU arrays, ends in meta; ``tailed`` selects the helpers of a list with a
     # tail (push_back, the LRU and cache-only lists) or without (push_front, the buckets).
     v = views(arena, scratch, scratch)
+    tail_i = M_LRU_TAIL if tailed else -1
+    lst = LinkedList(v.lru_prev, v.lru_next, _LRU, v.meta, NOT_LOGGED, M_LRU_HEAD, tail_i)
     if op == 0:
         if tailed:
-            list_push_back(
-                v, node, v.lru_prev, v.lru_next, _LRU, v.meta, NOT_LOGGED, M_LRU_HEAD, M_LRU_TAIL
-            )
+            list_push_back(v, node, lst)
         else:
-            list_push_front(v, node, v.lru_prev, v.lru_next, _LRU, v.meta, NOT_LOGGED, M_LRU_HEAD)
+            list_push_front(v, node, lst)
     else:
-        tail_i = M_LRU_TAIL if tailed else -1
-        list_unlink(v, node, v.lru_prev, v.lru_next, _LRU, v.meta, NOT_LOGGED, M_LRU_HEAD, tail_i)
+        list_unlink(v, node, lst)
 
 
 @njit(_nrt=False)

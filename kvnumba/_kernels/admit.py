@@ -1,12 +1,15 @@
 """Admitting prompts: longest cached prefix first, then the rest appended like ``append``."""
 
+from typing import NamedTuple
+
 import numpy as np
 
-from kvnumba._kernels.append import append_general
+from kvnumba._kernels.append import AppendIO, Growth, append_general
 from kvnumba._kernels.blocks import claim_cached
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.keys import lookup_keys, register_key
+from kvnumba._kernels.outcomes import Outcome, PromptHits, Status
 from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
 from kvnumba._kernels.sequences import open_slot
 from kvnumba._kernels.undo import log_write, undo_log_rows_kernel
@@ -48,16 +51,67 @@ from kvnumba.errors import (
 )
 
 
+class PromptInputs(NamedTuple):
+    """The prompts of an admit or a lookup."""
+
+    #: Every prompt's token ids, one after the other (empty without token ids).
+    tokens: np.ndarray
+    #: Tokens of every prompt.
+    lengths: np.ndarray
+    #: Prefix-cache salt of every prompt.
+    salts: np.ndarray
+    #: Whether ``tokens`` holds the token ids (False: engine keys only).
+    has_tokens: bool
+    #: All or nothing (an admit's; a lookup's is False and unread).
+    atomic: bool
+
+
+class KeyRows(NamedTuple):
+    """The engine keys of an admit or a lookup: prompt ``p``'s ``counts[p]`` keys follow those
+    of the prompts before it in ``keys``."""
+
+    keys: np.ndarray
+    counts: np.ndarray
+
+
+class AdmitOutputs(NamedTuple):
+    """Where an admit writes its results."""
+
+    #: New sequence id of every prompt (filled with -1 by the caller).
+    ids: np.ndarray
+    #: Cached tokens of every prompt (filled with 0 by the caller).
+    num_cached_tokens: np.ndarray
+    #: Slots of the computed tokens of every prompt (empty: ``admit_one`` reads none).
+    slot_mapping: np.ndarray
+    #: Whether each prompt was admitted.
+    ok: np.ndarray
+    #: Room for one prompt's hit blocks.
+    hits: np.ndarray
+
+
+class PromptCheck(NamedTuple):
+    """The verdict of :func:`validate_admit`, and the sizes of a valid request."""
+
+    status: int
+    bad: int
+    #: Tokens to compute at most (the slot mapping's size).
+    total: int
+    #: Blocks of all prompts (an upper bound on what the call takes).
+    bound: int
+    #: Blocks of the longest prompt (the hits' room).
+    longest: int
+
+
 @out_of_line
 def lookup_prefix(v, prompt, salt, limit, hits):
     """Registered blocks matching the prompt's leading full blocks, in order, into ``hits``.
 
     At most ``limit`` blocks are looked up (the caller's cap, never more than
     ``(len(prompt) - 1) // block_size``: the last prompt token is always computed); the walk
-    stops at the first miss. Returns (hits, hits at refcount 0). Once per prompt, out of line.
+    stops at the first miss. Returns the :class:`.PromptHits`. Once per prompt, out of line.
     """
     if v.meta[M_PREFIX_CACHING] == 0:
-        return 0, 0
+        return PromptHits(0, 0, limit)
     block_size = v.tokens.shape[1]
     parent = root_hash()
     num_hits = 0
@@ -73,67 +127,65 @@ def lookup_prefix(v, prompt, salt, limit, hits):
         if v.ref[b] == 0:
             num_cached += 1
         parent = h
-    return num_hits, num_cached
+    return PromptHits(num_hits, num_cached, limit)
 
 
 @inlined
-def prompt_hits(v, p, prompt, row, length, salt, has_tokens, key_rows, caps, hits):
-    """Cache hits of prompt ``p`` (token hashes, or its keys from row ``row``): (hits, hits
-    at refcount 0, blocks looked up at most). ``key_rows`` and ``caps`` are None when not
-    given: numba prunes those branches, so a token-mode admit compiles without the key code."""
+def prompt_hits(v, prompts, key_rows, caps, p, start, row, hits):
+    """Cache hits of prompt ``p`` (token hashes from ``prompts.tokens[start:]``, or its keys
+    from ``key_rows`` row ``row``), as :class:`.PromptHits`. ``key_rows`` and ``caps`` are None
+    when not given: numba prunes those branches, so a token-mode admit compiles without the
+    key code."""
+    length = prompts.lengths[p]
+    salt = prompts.salts[p]
+    prompt = prompts.tokens[start : start + length]
     limit = (length - 1) // v.tokens.shape[1]
     if caps is not None:
         limit = min(limit, caps[p])
     if key_rows is None:
-        found, cached = lookup_prefix(v, prompt, salt, limit, hits)
-        return found, cached, limit
+        return lookup_prefix(v, prompt, salt, limit, hits)
     if v.meta[M_KEYED] == 0:
         # A token-mode manager's admit with caps takes the keyed kernel with no keys (one
         # compiled admit fewer): its blocks are found by their token hashes.
-        found, cached = lookup_prefix(v, prompt, salt, limit, hits)
-        return found, cached, limit
-    keys, key_counts = key_rows
-    limit = min(limit, key_counts[p])
-    found, cached = lookup_keys(v, keys, row, salt, prompt, has_tokens, limit, hits)
-    return found, cached, limit
+        return lookup_prefix(v, prompt, salt, limit, hits)
+    limit = min(limit, key_rows.counts[p])
+    return lookup_keys(v, key_rows.keys, row, salt, prompt, prompts.has_tokens, limit, hits)
 
 
 @inlined
 def validate_keys(lengths, block_size, key_rows, caps):
-    """(status, bad) of the key counts and hit caps of an admit or lookup."""
+    """The :class:`.Status` of the key counts and hit caps of an admit or lookup."""
     if caps is not None:
         if caps.shape[0] != lengths.shape[0]:
-            return ST_BAD_CAP, -1
+            return Status(ST_BAD_CAP, -1)
         for p in range(caps.shape[0]):
             if caps[p] < 0:
-                return ST_BAD_CAP, p
+                return Status(ST_BAD_CAP, p)
     if key_rows is not None:
-        keys, key_counts = key_rows
+        key_counts = key_rows.counts
         if key_counts.shape[0] != lengths.shape[0]:
-            return ST_BAD_KEY_COUNT, -1
+            return Status(ST_BAD_KEY_COUNT, -1)
         rows = 0
         for p in range(lengths.shape[0]):
             if key_counts[p] < 0 or key_counts[p] > max(lengths[p], 0) // block_size:
-                return ST_BAD_KEY_COUNT, p
+                return Status(ST_BAD_KEY_COUNT, p)
             rows += key_counts[p]
-        if rows != keys.shape[0]:
-            return ST_BAD_KEY_COUNT, -1
-    return ST_OK, -1
+        if rows != key_rows.keys.shape[0]:
+            return Status(ST_BAD_KEY_COUNT, -1)
+    return Status(ST_OK, -1)
 
 
 @out_of_line
-def validate_admit(
-    tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, opens_sequences
-):
-    """Check an admit (or lookup) request; returns (status, bad, total tokens, total blocks,
-    most blocks).
+def validate_admit(prompts, key_rows, caps, opens_sequences, arena, scratch):
+    """Check an admit (or lookup) request; returns a :class:`PromptCheck`.
 
     Value errors first, then too long, then too many, as the reference model. Validation takes
     precedence over capacity and changes nothing. Without token ids (``has_tokens`` False,
-    engine keys only) ``tokens_in`` is empty and the prompts' lengths are their sizes. A lookup
-    (``opens_sequences`` False) needs no free sequence slot.
+    engine keys only) ``prompts.tokens`` is empty and the prompts' lengths are their sizes. A
+    lookup (``opens_sequences`` False) needs no free sequence slot.
     """
     v = views(arena, scratch, scratch)
+    tokens_in, lengths, has_tokens = prompts.tokens, prompts.lengths, prompts.has_tokens
     max_len = v.meta[M_MAX_SEQ_LEN]
     num_prompts = lengths.shape[0]
     block_size = v.tokens.shape[1]
@@ -143,7 +195,7 @@ def validate_admit(
     longest = 0
     for p in range(num_prompts):
         if lengths[p] < 1:
-            return ST_BAD_LENGTH, p, 0, 0, 0
+            return PromptCheck(ST_BAD_LENGTH, p, 0, 0, 0)
         # Compared with len(tokens) without ever exceeding it, so the sum cannot wrap.
         if not has_tokens:
             total += min(lengths[p], max_len + 1)
@@ -155,35 +207,41 @@ def validate_admit(
         blocks = blocks_of(min(lengths[p], max_len + 1), block_size)
         bound += blocks
         longest = max(longest, blocks)
-    if has_tokens and (mismatch or total != tokens_in.shape[0]) or salts.shape[0] != num_prompts:
-        return ST_TOKEN_MISMATCH, -1, 0, 0, 0
+    if (
+        has_tokens
+        and (mismatch or total != tokens_in.shape[0])
+        or prompts.salts.shape[0] != num_prompts
+    ):
+        return PromptCheck(ST_TOKEN_MISMATCH, -1, 0, 0, 0)
     for j in range(tokens_in.shape[0]):
         if tokens_in[j] < 0:
-            return ST_BAD_TOKEN, j, 0, 0, 0
-    status, bad = validate_keys(lengths, block_size, key_rows, caps)
-    if status != ST_OK:
-        return status, bad, 0, 0, 0
+            return PromptCheck(ST_BAD_TOKEN, j, 0, 0, 0)
+    keys_status = validate_keys(lengths, block_size, key_rows, caps)
+    if keys_status.status != ST_OK:
+        return PromptCheck(keys_status.status, keys_status.bad, 0, 0, 0)
     for p in range(num_prompts):
         if lengths[p] > max_len:
-            return ST_TOO_LONG, p, 0, 0, 0
+            return PromptCheck(ST_TOO_LONG, p, 0, 0, 0)
     if opens_sequences and num_prompts > v.meta[M_SLOT_TOP]:
-        return ST_TOO_MANY_SEQS, -1, 0, 0, 0
-    return ST_OK, -1, total, bound, longest
+        return PromptCheck(ST_TOO_MANY_SEQS, -1, 0, 0, 0)
+    return PromptCheck(ST_OK, -1, total, bound, longest)
 
 
 @out_of_line
-def run_admit(
-    tokens_in, lengths, salts, atomic, bound, ids, num_cached_tokens, slot_mapping, ok, hits,
-    no_pairs, arena, scratch, pool, has_tokens, key_rows, caps,
-):  # fmt: skip
-    """Admit validated prompts; returns (status, failing prompt, needed, available, slots used).
+def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
+    """Admit validated prompts (``bound``: their blocks, from :func:`validate_admit`); returns
+    an :class:`.Outcome` whose ``count`` is the slot-mapping entries written.
 
-    ``ids`` arrives filled with -1 and ``num_cached_tokens`` with 0; every entry of
-    ``slot_mapping`` up to the returned count is written (none of an empty one: ``admit_one``);
-    ``hits`` has room for one sequence's blocks. ``key_rows`` is None or (keys, key_counts)
-    with engine keys; ``caps`` None or the per-prompt caps on hit blocks.
+    ``results.ids`` arrives filled with -1 and ``results.num_cached_tokens`` with 0; every entry
+    of ``results.slot_mapping`` up to the returned count is written (none of an empty one:
+    ``admit_one``); ``results.hits`` has room for one sequence's blocks. ``key_rows`` is None or
+    the :class:`KeyRows` of engine keys; ``caps`` None or the per-prompt caps on hit blocks.
     """
     v = views(arena, scratch, pool)
+    lengths, salts = prompts.lengths, prompts.salts
+    has_tokens, atomic = prompts.has_tokens, prompts.atomic
+    ids, num_cached_tokens = results.ids, results.num_cached_tokens
+    slot_mapping, ok, hits = results.slot_mapping, results.ok, results.hits
     meta, scr = v.meta, v.scr
     num_prompts = lengths.shape[0]
     block_size = v.tokens.shape[1]
@@ -203,7 +261,7 @@ def run_admit(
         or (payload and evictions > v.ev_tok.shape[0])
         or (logged and log_size > v.ulog.shape[0])
     ):
-        return ST_NEED_BUFFERS, -1, bound, available, 0
+        return Outcome(ST_NEED_BUFFERS, -1, bound, available, 0)
     saved_payload_flag = scr[S_EV_PAYLOAD]
     if logged:
         for j in range(meta.shape[0]):
@@ -216,17 +274,19 @@ def run_admit(
     scr[S_FAILED] = 0
     scr[S_MAP_N] = 0
     scr[S_UNMAP_N] = 0
+    # A fresh sequence's tail is full or empty, so an admit writes no copy-on-write pairs: any
+    # empty int32 vector will do (one of the views, allocating nothing).
+    no_pairs = v.ref[:0]
+    io = AppendIO(prompts.tokens, has_tokens, slot_mapping, no_pairs, no_pairs)
     out = np.int64(0)  # not literals: see run_append
-    start = np.int64(0)  # the prompt's first token in tokens_in (stays 0 without token ids)
+    start = np.int64(0)  # the prompt's first token in prompts.tokens (stays 0 without token ids)
     row = np.int64(0)  # the prompt's first key row
     needed = np.int64(0)
     for p in range(num_prompts):
         length = lengths[p]
         salt = salts[p]
-        prompt = tokens_in[start : start + length]
-        num_hits, cached_hits, queries = prompt_hits(
-            v, p, prompt, row, length, salt, has_tokens, key_rows, caps, hits
-        )
+        found = prompt_hits(v, prompts, key_rows, caps, p, start, row, hits)
+        num_hits, cached_hits = found.found, found.cached
         need = blocks_of(length, block_size) - num_hits
         if need > free_now(v) + meta[M_CACHED] - cached_hits:
             if not atomic:
@@ -235,23 +295,20 @@ def run_admit(
                     slot_mapping[out + j] = -1
                 out += length
                 start += length if has_tokens else 0
-                row += 0 if key_rows is None else key_rows[1][p]
+                row += 0 if key_rows is None else key_rows.counts[p]
                 continue
             # Report what the whole call would take, later prompts looked up as things stand,
             # and what it lacks here: this prompt's cached hits use up capacity too.
             needed += need
             short = need - (free_now(v) + meta[M_CACHED] - cached_hits)
             later = start + length if has_tokens else start
-            q_row = row + (0 if key_rows is None else key_rows[1][p])
+            q_row = row + (0 if key_rows is None else key_rows.counts[p])
             for q in range(p + 1, num_prompts):
-                q_prompt = tokens_in[later : later + lengths[q]]
-                q_hits, _, _ = prompt_hits(
-                    v, q, q_prompt, q_row, lengths[q], salts[q], has_tokens, key_rows, caps, hits
-                )
+                q_hits = prompt_hits(v, prompts, key_rows, caps, q, later, q_row, hits).found
                 needed += blocks_of(lengths[q], block_size) - q_hits
                 short += blocks_of(lengths[q], block_size) - q_hits
                 later += lengths[q] if has_tokens else 0
-                q_row += 0 if key_rows is None else key_rows[1][q]
+                q_row += 0 if key_rows is None else key_rows.counts[q]
             scr[S_SHORT] = short
             if logged:
                 # The log stays on: the facade undoes the call (``k_rollback``), so that a
@@ -261,10 +318,11 @@ def run_admit(
                 ids[q] = -1
                 num_cached_tokens[q] = 0
                 ok[q] = False
-            return ST_POOL_EXHAUSTED, p, needed, available, 0
+            return Outcome(ST_POOL_EXHAUSTED, p, needed, available, 0)
         needed += need
-        slot, new_id = open_slot(v, salt)
-        ids[p] = new_id
+        opened = open_slot(v, salt)
+        slot = opened.slot
+        ids[p] = opened.seq_id
         for pos in range(num_hits):
             b = hits[pos]
             if v.ref[b] == 0:
@@ -277,20 +335,16 @@ def run_admit(
         log_write(v, FIELD.seq_len, slot, v.seq_len[slot])
         v.seq_len[slot] = cached
         if meta[M_PREFIX_CACHING] != 0:
-            meta[M_PREFIX_QUERIES] += queries  # blocks looked up: the cap and the keys bound it
+            meta[M_PREFIX_QUERIES] += found.queries  # the cap and the keys bound it
             meta[M_PREFIX_HITS] += num_hits
         # ``has_tokens`` is a run-time bool: the same compiled append_general as append's, not
-        # a copy specialised on a constant. A fresh sequence's tail is full or empty, so the
-        # copy-on-write pairs (``no_pairs``, empty) are never written.
-        append_general(
-            arena, scratch, pool, slot, length - cached, tokens_in, start + cached, has_tokens,
-            slot_mapping, out, no_pairs, no_pairs, np.int64(0),
-        )  # fmt: skip
+        # a copy specialised on a constant.
+        growth = Growth(slot, length - cached, start + cached, out)
+        append_general(arena, scratch, pool, io, growth, np.int64(0))
         if key_rows is not None:
-            keys, key_counts = key_rows
-            for pos in range(num_hits, key_counts[p]):
-                register_key(v, v.seq_table[slot, pos], keys, row + pos, salt)
-            row += key_counts[p]
+            for pos in range(num_hits, key_rows.counts[p]):
+                register_key(v, v.seq_table[slot, pos], key_rows.keys, row + pos, salt)
+            row += key_rows.counts[p]
         num_cached_tokens[p] = cached
         ok[p] = True
         out += length - cached
@@ -299,31 +353,26 @@ def run_admit(
     scr[S_EV_PAYLOAD] = saved_payload_flag
     if scr[S_EV_N] > 0:
         table_purge_evicted(v)
-    return ST_OK, -1, needed, available, out
+    return Outcome(ST_OK, -1, needed, available, out)
 
 
 @out_of_line
-def run_lookup(
-    tokens_in, lengths, salts, num_cached_tokens, hits, arena, scratch, has_tokens, key_rows, caps
-):
+def run_lookup(prompts, key_rows, caps, num_cached_tokens, hits, arena, scratch):
     """Hits of validated prompts as ``admit`` would find them, claiming nothing; returns the
     most hits of any prompt. Row ``p`` of ``hits`` gets prompt ``p``'s hit blocks, padded
     with -1. Reads the state only: no LRU move, no counter."""
     v = views(arena, scratch, scratch)
+    lengths = prompts.lengths
     block_size = v.tokens.shape[1]
     start = np.int64(0)
     row = np.int64(0)
     width = 0
     for p in range(lengths.shape[0]):
-        length = lengths[p]
-        prompt = tokens_in[start : start + length]
-        found, _, _ = prompt_hits(
-            v, p, prompt, row, length, salts[p], has_tokens, key_rows, caps, hits[p]
-        )
+        found = prompt_hits(v, prompts, key_rows, caps, p, start, row, hits[p]).found
         for pos in range(found, hits.shape[1]):
             hits[p, pos] = -1
         num_cached_tokens[p] = found * block_size
         width = max(width, found)
-        start += length if has_tokens else 0
-        row += 0 if key_rows is None else key_rows[1][p]
+        start += lengths[p] if prompts.has_tokens else 0
+        row += 0 if key_rows is None else key_rows.counts[p]
     return width

@@ -1,10 +1,13 @@
 """Growing sequences: partial-tail filling, copy-on-write of a shared partial tail, new blocks."""
 
+from typing import NamedTuple
+
 import numpy as np
 
 from kvnumba._kernels.blocks import hand_out, reclaim_tail, register_full_block, take_block
 from kvnumba._kernels.geometry import blocks_of, div_block, mod_block
 from kvnumba._kernels.jit import inlined, out_of_line
+from kvnumba._kernels.outcomes import Outcome, Status
 from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import log_write, set_logged
@@ -40,6 +43,61 @@ from kvnumba.errors import (
     ST_TOKEN_MISMATCH,
     ST_TOO_LONG,
 )
+
+
+class AppendInputs(NamedTuple):
+    """The request of an ``append``."""
+
+    #: Sequence ids.
+    ids: np.ndarray
+    #: Tokens appended to each.
+    counts: np.ndarray
+    #: Their token ids, one sequence after the other (empty without token ids).
+    tokens: np.ndarray
+    #: Whether ``tokens`` holds the token ids.
+    has_tokens: bool
+    #: All or nothing.
+    atomic: bool
+
+
+class AppendOutputs(NamedTuple):
+    """Where an ``append`` writes its results."""
+
+    #: The slot of every id (written by the validation).
+    slots: np.ndarray
+    #: The slot of every token appended (empty: a one-request call, which reads none).
+    slot_mapping: np.ndarray
+    #: Copy-on-write pairs (source, copy); ``cow_src`` first records simulated refcount drops.
+    cow_src: np.ndarray
+    cow_dst: np.ndarray
+    #: Whether each sequence was served (cleared by the caller).
+    ok: np.ndarray
+
+
+class AppendIO(NamedTuple):
+    """The arrays that the appends of one call read their tokens from and write to: shared by
+    ``append`` and ``admit`` (which computes its prompts' uncached tokens so)."""
+
+    #: Token ids of all sequences of the call (empty without token ids).
+    tokens: np.ndarray
+    has_tokens: bool
+    slot_mapping: np.ndarray
+    #: Copy-on-write pairs (none for an admit: its fresh sequences' tails are full or empty).
+    cow_src: np.ndarray
+    cow_dst: np.ndarray
+
+
+class Growth(NamedTuple):
+    """One sequence's part of a call."""
+
+    #: The sequence's slot.
+    slot: int
+    #: Tokens appended to it.
+    count: int
+    #: Its first token in ``AppendIO.tokens``.
+    src_offset: int
+    #: Its first entry in ``AppendIO.slot_mapping``.
+    out_offset: int
 
 
 @inlined
@@ -78,15 +136,16 @@ def copy_on_write(v, slot, pos):
 
 
 @inlined
-def append_tokens(
-    v, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset, cow_src, cow_dst, num_cow
-):
-    """Append ``count`` tokens to one sequence whose need the caller has checked.
+def append_tokens(v, io, growth, num_cow):
+    """Append ``growth.count`` tokens to one sequence whose need the caller has checked.
 
-    Writes the slots to ``slot_mapping[out_offset:]`` (none to an empty ``slot_mapping``) and a
-    copy-on-write pair, if any, to ``cow_src/cow_dst[num_cow]``; returns the new number of COW
-    pairs.
+    Writes the slots to ``io.slot_mapping[growth.out_offset:]`` (none to an empty
+    ``slot_mapping``) and a copy-on-write pair, if any, to ``io.cow_src/cow_dst[num_cow]``;
+    returns the new number of COW pairs.
     """
+    slot, count = growth.slot, growth.count
+    src_offset, out_offset = growth.src_offset, growth.out_offset
+    src, has_tokens, slot_mapping = io.tokens, io.has_tokens, io.slot_mapping
     if count == 0:
         return num_cow
     ref, block_flags, tokens, seq_table, meta = v.ref, v.block_flags, v.tokens, v.seq_table, v.meta
@@ -97,8 +156,8 @@ def append_tokens(
         pos = div_block(length, block_size)
         tail = seq_table[slot, pos]
         if ref[tail] > 1:
-            cow_src[num_cow] = tail
-            cow_dst[num_cow] = copy_on_write(v, slot, pos)
+            io.cow_src[num_cow] = tail
+            io.cow_dst[num_cow] = copy_on_write(v, slot, pos)
             num_cow += 1
     # Fill block by block: one take per new block, then a tight loop over its new slots.
     logging = v.scr[S_LOG_ON] != 0
@@ -163,28 +222,23 @@ def append_tokens(
 
 
 @out_of_line
-def append_general(
-    arena, scratch, pool, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset,
-    cow_src, cow_dst, num_cow,
-):  # fmt: skip
+def append_general(arena, scratch, pool, io, growth, num_cow):
     """:func:`append_tokens`, compiled once and shared by ``append`` and ``admit``: every
     case (several blocks, copy-on-write, registration, eviction, pages, the undo log)."""
     v = views(arena, scratch, pool)
-    return append_tokens(
-        v, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset, cow_src, cow_dst,
-        num_cow,
-    )  # fmt: skip
+    return append_tokens(v, io, growth, num_cow)
 
 
 @inlined
-def append_in_block(v, slot, count, src, src_offset, has_tokens, slot_mapping, out_offset):
-    """The common case of a decode step, inline: all ``count`` tokens go into the sequence's
-    unshared tail block, or into one block off the free stack. Returns False, having changed
-    nothing, for anything else (several blocks, a shared tail, a block completed with token
-    ids, which registers it, an empty free stack or a logged call): :func:`append_general`
+def append_in_block(v, io, growth):
+    """The common case of a decode step, inline: all ``growth.count`` tokens go into the
+    sequence's unshared tail block, or into one block off the free stack. Returns False, having
+    changed nothing, for anything else (several blocks, a shared tail, a block completed with
+    token ids, which registers it, an empty free stack or a logged call): :func:`append_general`
     does those, with the same outcome. It writes its slots unconditionally (the hot path):
-    every caller's ``slot_mapping`` holds them when all ``count`` tokens fit in a block.
+    every caller's ``slot_mapping`` holds them when all the tokens fit in a block.
     """
+    slot, count, has_tokens = growth.slot, growth.count, io.has_tokens
     meta = v.meta
     block_size = v.tokens.shape[1]
     length = v.seq_len[slot]
@@ -210,31 +264,29 @@ def append_in_block(v, slot, count, src, src_offset, has_tokens, slot_mapping, o
             v.block_flags[b] = v.block_flags[b] ^ F_KNOWN
     first_slot = b * block_size + fill
     for j in range(count):
-        slot_mapping[out_offset + j] = first_slot + j
+        io.slot_mapping[growth.out_offset + j] = first_slot + j
     if has_tokens:
         for j in range(count):
-            v.tokens[b, fill + j] = src[src_offset + j]
+            v.tokens[b, fill + j] = io.tokens[growth.src_offset + j]
     v.seq_len[slot] = length + count
     return True
 
 
 @inlined
 def validate_growth(v, ids, counts, tokens_in, has_tokens, slots):
-    """Check an append request, writing each id's slot; returns (status, bad index, tokens).
-
-    The token count is meaningful only with ``has_tokens``.
+    """Check an append request, writing each id's slot; returns a :class:`.Status`.
 
     Whole-array checks come first (counts, token ids), then each id in input order (unknown or
     released, duplicate, too long), the same order as the reference model.
     """
     if counts.shape[0] != ids.shape[0]:
-        return ST_TOKEN_MISMATCH, -1, 0
+        return Status(ST_TOKEN_MISMATCH, -1)
     # The sum is compared with len(tokens) without ever exceeding it, so it cannot wrap.
     total = 0
     mismatch = False
     for i in range(ids.shape[0]):
         if counts[i] < 0:
-            return ST_NEGATIVE_COUNT, i, 0
+            return Status(ST_NEGATIVE_COUNT, i)
         if has_tokens:
             if counts[i] > tokens_in.shape[0] - total:
                 mismatch = True
@@ -242,24 +294,25 @@ def validate_growth(v, ids, counts, tokens_in, has_tokens, slots):
                 total += counts[i]
     if has_tokens:
         if mismatch or tokens_in.shape[0] != total:
-            return ST_TOKEN_MISMATCH, -1, total
+            return Status(ST_TOKEN_MISMATCH, -1)
         for j in range(total):
             if tokens_in[j] < 0:
-                return ST_BAD_TOKEN, j, total
+                return Status(ST_BAD_TOKEN, j)
     stamp = v.scr[S_STAMP] + 1
     v.scr[S_STAMP] = stamp
     max_len = v.meta[M_MAX_SEQ_LEN]
     for i in range(ids.shape[0]):
-        status, slot = resolve(v, ids[i])
-        if status != ST_OK:
-            return status, i, 0
+        found = resolve(v, ids[i])
+        if found.status != ST_OK:
+            return Status(found.status, i)
+        slot = found.slot
         if v.seq_mark[slot] == stamp:
-            return ST_DUPLICATE_ID, i, 0
+            return Status(ST_DUPLICATE_ID, i)
         v.seq_mark[slot] = stamp
         if counts[i] > max_len - v.seq_len[slot]:
-            return ST_TOO_LONG, i, 0
+            return Status(ST_TOO_LONG, i)
         slots[i] = slot
-    return ST_OK, -1, total
+    return Status(ST_OK, -1)
 
 
 @inlined
@@ -292,30 +345,30 @@ def total_need(v, slots, counts, dropped):
 @out_of_line
 def append_need(ids, counts, slots, dropped, arena, scratch, pool):
     """``can_append``: validate like ``append``, then the blocks an atomic append takes and
-    what is available now; returns (status, bad index, needed, available)."""
+    what is available now; returns an :class:`.Outcome` (its ``count`` is 0)."""
     v = views(arena, scratch, pool)
-    status, bad, _ = validate_growth(v, ids, counts, ids[:0], False, slots)
-    if status != ST_OK:
-        return status, bad, 0, 0
-    return ST_OK, -1, total_need(v, slots, counts, dropped), free_now(v) + v.meta[M_CACHED]
+    check = validate_growth(v, ids, counts, ids[:0], False, slots)
+    if check.status != ST_OK:
+        return Outcome(check.status, check.bad, 0, 0, 0)
+    needed = total_need(v, slots, counts, dropped)
+    return Outcome(ST_OK, -1, needed, free_now(v) + v.meta[M_CACHED], 0)
 
 
 @out_of_line
-def run_append(
-    ids, counts, tokens_in, has_tokens, atomic, slots, slot_mapping, cow_src, cow_dst, ok, arena,
-    scratch, pool,
-):  # fmt: skip
-    """Validate, then append; returns (status, bad index, needed, available, COW pairs).
+def run_append(inputs, results, arena, scratch, pool):
+    """Validate, then append; returns an :class:`.Outcome` whose ``count`` is the COW pairs.
 
     ``needed`` is exact when the call did not fit and an upper bound otherwise. Every entry of
-    ``slot_mapping`` is written (-1 for a sequence that did not fit), unless it is empty (a
-    one-request call, which reads no slots); ``cow_src`` doubles as the
-    record of simulated refcount drops before it receives the copy pairs.
+    ``results.slot_mapping`` is written (-1 for a sequence that did not fit), unless it is empty
+    (a one-request call, which reads no slots); ``results.cow_src`` doubles as the record of
+    simulated refcount drops before it receives the copy pairs.
     """
     v = views(arena, scratch, pool)
-    status, bad, _ = validate_growth(v, ids, counts, tokens_in, has_tokens, slots)
-    if status != ST_OK:
-        return status, bad, 0, 0, 0
+    counts, atomic = inputs.counts, inputs.atomic
+    slots, slot_mapping = results.slots, results.slot_mapping
+    check = validate_growth(v, inputs.ids, counts, inputs.tokens, inputs.has_tokens, slots)
+    if check.status != ST_OK:
+        return Outcome(check.status, check.bad, 0, 0, 0)
     meta, scr = v.meta, v.scr
     block_size = v.tokens.shape[1]
     free = free_now(v)
@@ -327,14 +380,14 @@ def run_append(
         if counts[i] > 0:
             needed += blocks_of(counts[i], block_size) + 1
     if needed > available:
-        needed = total_need(v, slots, counts, cow_src)
+        needed = total_need(v, slots, counts, results.cow_src)
         if atomic and needed > available:
             scr[S_SHORT] = needed - available
-            return ST_POOL_EXHAUSTED, -1, needed, available, 0
+            return Outcome(ST_POOL_EXHAUSTED, -1, needed, available, 0)
     # Evictions happen only once the free stack is empty; the facade grows the record buffers.
     evictions = min(needed, available) - free
     if evictions > v.ev_ids.shape[0] or (scr[S_EV_PAYLOAD] != 0 and evictions > v.ev_tok.shape[0]):
-        return ST_NEED_BUFFERS, -1, evictions, available, 0
+        return Outcome(ST_NEED_BUFFERS, -1, evictions, available, 0)
     # np.int64, not 0: numba would first type the calls below with the literal 0 and compile
     # the callee a second time for it.
     num_cow = np.int64(0)
@@ -343,6 +396,7 @@ def run_append(
     scr[S_FAILED] = 0
     scr[S_MAP_N] = 0
     scr[S_UNMAP_N] = 0
+    io = AppendIO(inputs.tokens, inputs.has_tokens, slot_mapping, results.cow_src, results.cow_dst)
     remaining = available
     offset = np.int64(0)
     for i in range(slots.shape[0]):
@@ -352,15 +406,11 @@ def run_append(
         if not atomic:
             need = blocks_needed(slots[i], counts[i], v.ref, block_size, v.seq_table, v.seq_len)
         if need <= remaining:
-            if not append_in_block(
-                v, slots[i], counts[i], tokens_in, offset, has_tokens, slot_mapping, offset
-            ):
-                num_cow = append_general(
-                    arena, scratch, pool, slots[i], counts[i], tokens_in, offset, has_tokens,
-                    slot_mapping, offset, cow_src, cow_dst, num_cow,
-                )  # fmt: skip
+            growth = Growth(slots[i], counts[i], offset, offset)
+            if not append_in_block(v, io, growth):
+                num_cow = append_general(arena, scratch, pool, io, growth, num_cow)
             remaining -= need
-            ok[i] = True
+            results.ok[i] = True
         else:
             scr[S_FAILED] += 1
             for j in range(counts[i] if slot_mapping.shape[0] != 0 else 0):
@@ -368,4 +418,4 @@ def run_append(
         offset += counts[i]
     if scr[S_EV_N] > 0:
         table_purge_evicted(v)
-    return ST_OK, -1, needed, available, num_cow
+    return Outcome(ST_OK, -1, needed, available, num_cow)

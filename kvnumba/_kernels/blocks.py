@@ -2,8 +2,8 @@
 
 Everything that can run once per block (pop the free stack, evict the LRU head, drop a
 reference, hash and register a full block, claim a cached hit) is an :func:`.inlined` helper:
-after LLVM inlines it, the views it takes are registers again (out of line, passing forty views
-cost about 200 ns per block). The page bookkeeping these steps reach (taking from a page,
+after LLVM inlines it, the views it takes are registers again (out of line, every call would
+pass all forty views, once per block). The page bookkeeping these steps reach (taking from a page,
 returning a block to it) runs once per page event at most and is compiled once, out of line
 (:mod:`.virtual_pages`).
 """

@@ -8,6 +8,7 @@ conveniences"). Every worker is compiled once, out of line, and loaded only when
 from kvnumba._kernels.blocks import drop_ref, evict_to_free, reclaim_tail
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import out_of_line
+from kvnumba._kernels.outcomes import Outcome, Status
 from kvnumba._kernels.prefix import table_purge_evicted, table_remove
 from kvnumba._kernels.sequences import resolve_ids
 from kvnumba._kernels.views import views
@@ -46,24 +47,24 @@ def _begin(v):
 
 @out_of_line
 def run_truncate(ids, new_lens, slots, arena, scratch, pool):
-    """Shorten each sequence ``ids[i]`` to ``new_lens[i]`` tokens; returns (status, bad index).
+    """Shorten each sequence ``ids[i]`` to ``new_lens[i]`` tokens; returns a :class:`.Status`.
 
     Validation order: lengths of both arrays, negative lengths, then each id in input order
     (unknown or released, duplicate), then lengths beyond the sequence's.
     """
     if new_lens.shape[0] != ids.shape[0]:
-        return ST_TOKEN_MISMATCH, -1
+        return Status(ST_TOKEN_MISMATCH, -1)
     for i in range(new_lens.shape[0]):
         if new_lens[i] < 0:
-            return ST_BAD_NEW_LEN, i
-    status, bad = resolve_ids(ids, True, slots, arena, scratch)
-    if status != ST_OK:
-        return status, bad
+            return Status(ST_BAD_NEW_LEN, i)
+    resolved = resolve_ids(ids, True, slots, arena, scratch)
+    if resolved.status != ST_OK:
+        return resolved
     v = views(arena, scratch, pool)
     seq_table, seq_len, ref = v.seq_table, v.seq_len, v.ref
     for i in range(ids.shape[0]):
         if new_lens[i] > seq_len[slots[i]]:
-            return ST_BAD_NEW_LEN, i
+            return Status(ST_BAD_NEW_LEN, i)
     _begin(v)
     block_size = v.tokens.shape[1]
     for i in range(ids.shape[0]):
@@ -89,15 +90,16 @@ def run_truncate(ids, new_lens, slots, arena, scratch, pool):
             # flag sends this sequence's next append to the general path: a copy while the
             # block is still shared, else a reclaim in place (``reclaim_tail``).
             v.block_flags[cut] |= F_TRIMMED
-    return ST_OK, -1
+    return Status(ST_OK, -1)
 
 
 @out_of_line
 def run_evict(blocks, arena, scratch, pool):
-    """Evict the cached blocks among ``blocks``; returns (status, bad index, rows, count).
+    """Evict the cached blocks among ``blocks``; returns an :class:`.Outcome` whose ``count``
+    is the blocks evicted.
 
     A block out of range or referenced is refused (nothing changed); a free one is skipped.
-    ``rows`` is the eviction records the call needs when it returns ``ST_NEED_BUFFERS``.
+    Its ``needed`` is the eviction records the call needs when it returns ``ST_NEED_BUFFERS``.
     """
     v = views(arena, scratch, pool)
     ref, block_flags = v.ref, v.block_flags
@@ -105,12 +107,12 @@ def run_evict(blocks, arena, scratch, pool):
     for i in range(blocks.shape[0]):
         b = blocks[i]
         if b < 0 or b >= num_blocks:
-            return ST_BAD_BLOCK, i, 0, 0
+            return Outcome(ST_BAD_BLOCK, i, 0, 0, 0)
         if ref[b] > 0:
-            return ST_BLOCK_IN_USE, i, 0, 0
+            return Outcome(ST_BLOCK_IN_USE, i, 0, 0, 0)
     rows = min(blocks.shape[0], v.meta[M_CACHED])
     if _records_short(v, rows):
-        return ST_NEED_BUFFERS, -1, rows, 0
+        return Outcome(ST_NEED_BUFFERS, -1, rows, 0, 0)
     _begin(v)
     count = 0
     for i in range(blocks.shape[0]):
@@ -122,18 +124,19 @@ def run_evict(blocks, arena, scratch, pool):
             count += 1
     if v.scr[S_EV_N] > 0:
         table_purge_evicted(v)
-    return ST_OK, -1, 0, count
+    return Outcome(ST_OK, -1, 0, 0, count)
 
 
 @out_of_line
 def run_reset_prefix_cache(arena, scratch, pool):
     """Evict every cached block (LRU head first), then unhash every block of every live
-    sequence and mark it of unknown content; returns (status, rows, count)."""
+    sequence and mark it of unknown content; returns an :class:`.Outcome` (``needed``: the
+    eviction records it needs, ``count``: the blocks evicted)."""
     v = views(arena, scratch, pool)
     meta, block_flags, seq_table = v.meta, v.block_flags, v.seq_table
     rows = meta[M_CACHED]
     if _records_short(v, rows):
-        return ST_NEED_BUFFERS, rows, 0
+        return Outcome(ST_NEED_BUFFERS, -1, rows, 0, 0)
     _begin(v)
     count = 0
     while meta[M_LRU_HEAD] != NIL:
@@ -155,7 +158,7 @@ def run_reset_prefix_cache(arena, scratch, pool):
                 table_remove(v, b)
             # A truncated tail keeps its mark: its payload past the fill is still stale.
             block_flags[b] &= F_TRIMMED
-    return ST_OK, 0, count
+    return Outcome(ST_OK, -1, 0, 0, count)
 
 
 @out_of_line

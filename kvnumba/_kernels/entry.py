@@ -5,12 +5,14 @@ and hands everything to workers compiled without it, which carve their views out
 and run with every helper inlined: no reference counting anywhere on the hot path.
 
 The state-changing kernels (``append``, ``admit``, ``release``, ``truncate``, ``evict``,
-``reset_prefix_cache``) return one outcome layout, named
-by the constants below and read by name in the facade's ``BlockManager._run``: ``status``,
-``bad`` (index of the offending input), ``needed`` and ``available`` (blocks, for
-``PoolExhausted``; record rows for ``ST_NEED_BUFFERS``), then the result fields. Variable-size
-records of a committed call (evictions, pages mapped and unmapped) stay in the scratch arena,
-where the facade reads them for the callbacks.
+``reset_prefix_cache``) return one outcome layout, named by the constants below and read by
+name in the facade's ``BlockManager._run``: ``status``, ``bad`` (index of the offending input),
+``needed`` and ``available`` (blocks, for ``PoolExhausted``; record rows for
+``ST_NEED_BUFFERS``), then the result fields. Variable-size records of a committed call
+(evictions, pages mapped and unmapped) stay in the scratch arena, where the facade reads them
+for the callbacks. The workers take their inputs and outputs as named tuples and report an
+:class:`.Outcome`; the kernels here return plain tuples, since boxing a named tuple at the
+Python boundary would cost every call.
 
 A kernel of a manager on a page pool (``*_paged``) hands its workers the pool's arena as
 :func:`with_pages` makes it: a view of another numba type, so that the workers of the quick
@@ -18,15 +20,25 @@ start's calls are compiled apart for page pools and a manager without one never 
 page code (:mod:`.page_calls`).
 """
 
-import numpy as np
-from numba import njit
+from typing import NamedTuple
 
-from kvnumba._kernels.admit import run_admit, run_lookup, validate_admit
-from kvnumba._kernels.append import append_need, run_append
+import numpy as np
+from numba import njit, types
+
+from kvnumba._kernels.admit import (
+    AdmitOutputs,
+    KeyRows,
+    PromptInputs,
+    run_admit,
+    run_lookup,
+    validate_admit,
+)
+from kvnumba._kernels.append import AppendInputs, AppendOutputs, append_need, run_append
 from kvnumba._kernels.carve import arena_at, carve
 from kvnumba._kernels.check import check
 from kvnumba._kernels.engine import run_evict, run_reset_prefix_cache, run_truncate
 from kvnumba._kernels.geometry import blocks_of
+from kvnumba._kernels.jit import inlined
 from kvnumba._kernels.keys import check_key_run, register_key_run, run_set_keys
 from kvnumba._kernels.rollback import undo_failed_call
 from kvnumba._kernels.sequences import (
@@ -41,16 +53,20 @@ from kvnumba._kernels.sequences import (
 )
 from kvnumba._kernels.trim import commit_give_up, run_give_up
 from kvnumba._kernels.views import block_size_of, call_room, scratch_slots
-from kvnumba._state import APPEND_ONE_INPUTS, CALL_ROOM_INPUTS
+from kvnumba._state import ADMIT_ONE_AT, APPEND_ONE_AT, CALL_ROOM_INPUTS
 from kvnumba.errors import ST_BAD_KEY_COUNT, ST_NEED_BUFFERS, ST_OK
 
 #: Positions of the outcome of a state-changing entry kernel (a tuple: boxing a named tuple
 #: would cost the hot path).
 STATUS, BAD, NEEDED, AVAILABLE = 0, 1, 2, 3
 RESULT = slice(4, 8)
+#: ``k_evict``, ``k_reset_prefix_cache`` and ``k_set_keys``: the count after the outcome fields
+#: (blocks evicted, blocks registered).
+COUNT = 4
 #: ``k_append_one`` / ``k_append_one_keys``: ``STATUS`` first, then the outcome fields above,
 #: then (blocks before, blocks after, cow_src, cow_dst) and the sequence's slot.
 APPEND_ONE_RESULT = slice(4, 8)
+_APPEND_ONE_SLOT = 8
 #: ``k_admit_one`` / ``k_admit_one_keys``: (status, sequence id, cached tokens).
 ADMIT_ONE_ID, ADMIT_ONE_CACHED = 1, 2
 
@@ -69,62 +85,93 @@ def k_new_sequences(count, arena, scratch):
     return run_new_sequences(ids, arena, scratch), ids
 
 
+class AppendResultsAt(NamedTuple):
+    """Byte offsets of an append's result arrays in their one allocation, and its size."""
+
+    slot_mapping: int
+    cow_src: int
+    cow_dst: int
+    ok: int
+    nbytes: int
+
+
+@inlined(types.NamedUniTuple(types.int64, 5, AppendResultsAt)(types.int64, types.int64))
+def append_results_at(n, total):
+    """Where :func:`_append_results` puts the result arrays of ``n`` sequences and ``total``
+    tokens, one after the other: slot_mapping (int64), cow_src, cow_dst (int32), ok (bool)."""
+    cow_src = 8 * total
+    cow_dst = cow_src + 4 * n
+    ok = cow_dst + 4 * n
+    return AppendResultsAt(0, cow_src, cow_dst, ok, ok + n)
+
+
 @njit(cache=True, inline="always")
-def _append_results(n, total):
-    """An append's result arrays, carved out of one allocation: slot_mapping, cow_src, cow_dst,
-    ok (cleared). One allocation instead of four saves about 50 ns of a one-sequence call."""
-    buffer = np.empty(8 * total + 9 * n, dtype=np.uint8)
-    ok = carve(buffer, 8 * total + 8 * n, (n,), np.bool_)
+def _append_results(slots, total):
+    """An append's outputs: the ids' ``slots`` and the result arrays, carved out of one
+    allocation (``ok`` cleared). One allocation instead of four: the boundary cost dominates a
+    one-sequence call."""
+    n = slots.shape[0]
+    at = append_results_at(n, total)
+    buffer = np.empty(at.nbytes, dtype=np.uint8)
+    ok = carve(buffer, at.ok, (n,), np.bool_)
     for i in range(n):
         ok[i] = False
-    return (
-        carve(buffer, 0, (total,), np.int64),
-        carve(buffer, 8 * total, (n,), np.int32),
-        carve(buffer, 8 * total + 4 * n, (n,), np.int32),
+    return AppendOutputs(
+        slots,
+        carve(buffer, at.slot_mapping, (total,), np.int64),
+        carve(buffer, at.cow_src, (n,), np.int32),
+        carve(buffer, at.cow_dst, (n,), np.int32),
         ok,
     )
 
 
 @njit(cache=True, inline="always")
-def _append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, pool):
-    n = ids.shape[0]
+def _append(inputs, max_seq_len, arena, scratch, pool):
     # Room for every token of a valid call. A count beyond max_seq_len (passed in by the
     # facade, which knows it) is rejected by the worker before anything is written, so clamping
     # it keeps the sum (and the allocation) bounded without changing it for a valid call.
+    counts = inputs.counts
     limit = max_seq_len + 1
     total = 0
     for i in range(counts.shape[0]):
         total += min(max(counts[i], 0), limit)
     # The ids' slots live in the scratch arena: one allocation fewer on the hot path.
-    slots = scratch_slots(scratch)[:n]
-    slot_mapping, cow_src, cow_dst, ok = _append_results(n, total)
-    status, bad, needed, available, num_cow = run_append(
-        ids, counts, tokens_in, has_tokens, atomic, slots, slot_mapping, cow_src, cow_dst, ok,
-        arena, scratch, pool,
-    )  # fmt: skip
-    return status, bad, needed, available, slot_mapping, cow_src[:num_cow], cow_dst[:num_cow], ok
+    results = _append_results(scratch_slots(scratch)[: inputs.ids.shape[0]], total)
+    outcome = run_append(inputs, results, arena, scratch, pool)
+    num_cow = outcome.count
+    return (
+        outcome.status,
+        outcome.bad,
+        outcome.needed,
+        outcome.available,
+        results.slot_mapping,
+        results.cow_src[:num_cow],
+        results.cow_dst[:num_cow],
+        results.ok,
+    )
 
 
 @njit(cache=True)
 def k_append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch):
     """``append``: returns (status, bad, needed, available, slot_mapping, cow_src, cow_dst, ok)."""
     # Without a page pool the workers never read ``pool``: the scratch arena stands in for it.
-    return _append(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, scratch)
+    inputs = AppendInputs(ids, counts, tokens_in, has_tokens, atomic)
+    return _append(inputs, max_seq_len, arena, scratch, scratch)
 
 
 @njit(cache=True)
 def k_append_paged(ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, pool):
     """``append`` of a manager on the page pool whose arena is ``pool``."""
-    return _append(
-        ids, counts, tokens_in, has_tokens, atomic, max_seq_len, arena, scratch, with_pages(pool)
-    )
+    inputs = AppendInputs(ids, counts, tokens_in, has_tokens, atomic)
+    return _append(inputs, max_seq_len, arena, scratch, with_pages(pool))
 
 
 @njit(cache=True, inline="always")
 def _append_need(ids, counts, arena, scratch, pool):
     slots = np.empty(ids.shape[0], dtype=np.int64)
     dropped = np.empty(ids.shape[0], dtype=np.int32)
-    return append_need(ids, counts, slots, dropped, arena, scratch, pool)
+    outcome = append_need(ids, counts, slots, dropped, arena, scratch, pool)
+    return outcome.status, outcome.bad, outcome.needed, outcome.available
 
 
 @njit(cache=True)
@@ -140,38 +187,29 @@ def k_can_append_paged(ids, counts, arena, scratch, pool):
 
 
 @njit(cache=True, inline="always")
-def _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool, has_tokens, key_rows, caps):
-    num_prompts = lengths.shape[0]
+def _admit(prompts, key_rows, caps, arena, scratch, pool):
+    num_prompts = prompts.lengths.shape[0]
     ids = np.full(num_prompts, -1, dtype=np.int64)
     num_cached_tokens = np.zeros(num_prompts, dtype=np.int64)
     ok = np.zeros(num_prompts, dtype=np.bool_)
-    status, bad, total, bound, longest = validate_admit(
-        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, np.bool_(True)
-    )
-    if status != ST_OK:
-        return status, bad, 0, 0, ids, num_cached_tokens, np.empty(0, dtype=np.int64), ok
-    slot_mapping = np.empty(total, dtype=np.int64)
-    hits = np.empty(longest, dtype=np.int64)
-    status, bad, needed, available, used = run_admit(
-        tokens_in,
-        lengths,
-        salts,
-        atomic,
-        bound,
+    check = validate_admit(prompts, key_rows, caps, np.bool_(True), arena, scratch)
+    if check.status != ST_OK:
+        no_slots = np.empty(0, dtype=np.int64)
+        return check.status, check.bad, 0, 0, ids, num_cached_tokens, no_slots, ok
+    slot_mapping = np.empty(check.total, dtype=np.int64)
+    hits = np.empty(check.longest, dtype=np.int64)
+    results = AdmitOutputs(ids, num_cached_tokens, slot_mapping, ok, hits)
+    outcome = run_admit(prompts, key_rows, caps, check.bound, results, arena, scratch, pool)
+    return (
+        outcome.status,
+        outcome.bad,
+        outcome.needed,
+        outcome.available,
         ids,
         num_cached_tokens,
-        slot_mapping,
+        slot_mapping[: outcome.count],
         ok,
-        hits,
-        np.empty(0, dtype=np.int32),  # no copy-on-write pairs in an admit
-        arena,
-        scratch,
-        pool,
-        has_tokens,
-        key_rows,
-        caps,
     )
-    return status, bad, needed, available, ids, num_cached_tokens, slot_mapping[:used], ok
 
 
 # Token-mode admits pass None for the keys and the caps: numba prunes their branches, so the
@@ -180,9 +218,8 @@ def _admit(tokens_in, lengths, salts, atomic, arena, scratch, pool, has_tokens, 
 @njit(cache=True)
 def k_admit(tokens_in, lengths, salts, atomic, arena, scratch):
     """``admit``: returns (status, bad, needed, available, ids, num_cached_tokens, slots, ok)."""
-    return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, scratch, np.bool_(True), None, None
-    )
+    prompts = PromptInputs(tokens_in, lengths, salts, np.bool_(True), atomic)
+    return _admit(prompts, None, None, arena, scratch, scratch)
 
 
 @njit(cache=True)
@@ -190,69 +227,64 @@ def k_admit_paged(tokens_in, lengths, salts, atomic, arena, scratch, pool):
     """``admit`` of a manager on a page pool. It passes no keys and no caps the way
     ``k_admit_keys_paged`` takes them, so the two share their compiled workers."""
     n = lengths.shape[0]
-    no_keys = (np.empty((0, 4), dtype=np.uint64)[::1], np.zeros(n, dtype=np.int64))
+    no_keys = KeyRows(np.empty((0, 4), dtype=np.uint64)[::1], np.zeros(n, dtype=np.int64))
     caps = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, with_pages(pool), np.bool_(True),
-        no_keys, caps,
-    )  # fmt: skip
+    prompts = PromptInputs(tokens_in, lengths, salts, np.bool_(True), atomic)
+    return _admit(prompts, no_keys, caps, arena, scratch, with_pages(pool))
 
 
 @njit(cache=True)
-def k_admit_keys(tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps, arena,
-                 scratch):  # fmt: skip
+def k_admit_keys(
+    tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps, arena, scratch
+):
     """``admit`` with engine keys (``block_keys``); ``caps`` holds every prompt's hit cap."""
-    return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, with_pages(scratch), has_tokens,
-        (keys, key_counts), caps,
-    )  # fmt: skip
+    prompts = PromptInputs(tokens_in, lengths, salts, has_tokens, atomic)
+    key_rows = KeyRows(keys, key_counts)
+    return _admit(prompts, key_rows, caps, arena, scratch, with_pages(scratch))
 
 
 @njit(cache=True)
-def k_admit_keys_paged(tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps,
-                       arena, scratch, pool):  # fmt: skip
+def k_admit_keys_paged(
+    tokens_in, lengths, salts, atomic, has_tokens, keys, key_counts, caps, arena, scratch, pool
+):
     """``admit`` with engine keys on a page pool."""
-    return _admit(
-        tokens_in, lengths, salts, atomic, arena, scratch, with_pages(pool), has_tokens,
-        (keys, key_counts), caps,
-    )  # fmt: skip
+    prompts = PromptInputs(tokens_in, lengths, salts, has_tokens, atomic)
+    key_rows = KeyRows(keys, key_counts)
+    return _admit(prompts, key_rows, caps, arena, scratch, with_pages(pool))
 
 
 @njit(cache=True, inline="always")
-def _lookup(tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps):
-    n = lengths.shape[0]
+def _lookup(prompts, key_rows, caps, arena, scratch):
+    n = prompts.lengths.shape[0]
     num_cached_tokens = np.zeros(n, dtype=np.int64)
-    status, bad, _, _, longest = validate_admit(
-        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, np.bool_(False)
-    )
-    if status != ST_OK:
-        return status, bad, num_cached_tokens, np.empty((n, 0), dtype=np.int32)
-    hits = np.empty((n, longest), dtype=np.int64)
-    width = run_lookup(
-        tokens_in, lengths, salts, num_cached_tokens, hits, arena, scratch, has_tokens,
-        key_rows, caps,
-    )  # fmt: skip
+    check = validate_admit(prompts, key_rows, caps, np.bool_(False), arena, scratch)
+    if check.status != ST_OK:
+        return check.status, check.bad, num_cached_tokens, np.empty((n, 0), dtype=np.int32)
+    hits = np.empty((n, check.longest), dtype=np.int64)
+    width = run_lookup(prompts, key_rows, caps, num_cached_tokens, hits, arena, scratch)
     return ST_OK, -1, num_cached_tokens, hits[:, :width].astype(np.int32)
 
 
 @njit(cache=True)
 def k_lookup(tokens_in, lengths, salts, caps, arena, scratch):
     """``lookup`` (token hashes): returns (status, bad, num_cached_tokens, hit blocks)."""
-    return _lookup(tokens_in, lengths, salts, arena, scratch, np.bool_(True), None, caps)
+    prompts = PromptInputs(tokens_in, lengths, salts, np.bool_(True), np.bool_(False))
+    return _lookup(prompts, None, caps, arena, scratch)
 
 
 @njit(cache=True)
 def k_lookup_keys(tokens_in, lengths, salts, has_tokens, keys, key_counts, caps, arena, scratch):
     """``lookup`` with engine keys: returns (status, bad, num_cached_tokens, hit blocks)."""
-    return _lookup(tokens_in, lengths, salts, arena, scratch, has_tokens, (keys, key_counts), caps)
+    prompts = PromptInputs(tokens_in, lengths, salts, has_tokens, np.bool_(False))
+    return _lookup(prompts, KeyRows(keys, key_counts), caps, arena, scratch)
 
 
 @njit(cache=True)
 def k_set_keys(ids, starts, counts, keys, arena, scratch):
     """``set_keys``: returns (status, bad, 0, 0, blocks registered)."""
     slots = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad, registered = run_set_keys(ids, starts, counts, keys, slots, arena, scratch)
-    return status, bad, 0, 0, registered
+    outcome = run_set_keys(ids, starts, counts, keys, slots, arena, scratch)
+    return outcome.status, outcome.bad, 0, 0, outcome.count
 
 
 @njit(cache=True)
@@ -260,19 +292,19 @@ def k_fork(ids, n, arena, scratch):
     """``fork``: returns (status, bad, children)."""
     slots = np.empty(ids.shape[0], dtype=np.int64)
     children = np.empty((ids.shape[0], n), dtype=np.int64)
-    status, bad = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
-    if status != ST_OK:
-        return status, bad, children
+    resolved = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
+    if resolved.status != ST_OK:
+        return resolved.status, resolved.bad, children
     return run_fork(slots, children, arena, scratch), -1, children
 
 
 @njit(cache=True, inline="always")
 def _release(ids, arena, scratch, pool):
     slots = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad = resolve_ids(ids, np.bool_(True), slots, arena, scratch)
-    if status == ST_OK:
+    resolved = resolve_ids(ids, np.bool_(True), slots, arena, scratch)
+    if resolved.status == ST_OK:
         run_release(slots, arena, scratch, pool)
-    return status, bad, 0, 0
+    return resolved.status, resolved.bad, 0, 0
 
 
 @njit(cache=True)
@@ -290,8 +322,8 @@ def k_release_paged(ids, arena, scratch, pool):
 @njit(cache=True, inline="always")
 def _truncate(ids, new_lens, arena, scratch, pool):
     slots = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad = run_truncate(ids, new_lens, slots, arena, scratch, pool)
-    return status, bad, 0, 0, 0
+    truncated = run_truncate(ids, new_lens, slots, arena, scratch, pool)
+    return truncated.status, truncated.bad, 0, 0, 0
 
 
 @njit(cache=True)
@@ -309,29 +341,29 @@ def k_truncate_paged(ids, new_lens, arena, scratch, pool):
 @njit(cache=True)
 def k_evict(blocks, arena, scratch):
     """``evict``: returns (status, bad, record rows needed, 0, blocks evicted)."""
-    status, bad, rows, count = run_evict(blocks, arena, scratch, with_pages(scratch))
-    return status, bad, rows, 0, count
+    outcome = run_evict(blocks, arena, scratch, with_pages(scratch))
+    return outcome.status, outcome.bad, outcome.needed, 0, outcome.count
 
 
 @njit(cache=True)
 def k_evict_paged(blocks, arena, scratch, pool):
     """``evict`` of a manager on a page pool (an emptied page is unmapped)."""
-    status, bad, rows, count = run_evict(blocks, arena, scratch, with_pages(pool))
-    return status, bad, rows, 0, count
+    outcome = run_evict(blocks, arena, scratch, with_pages(pool))
+    return outcome.status, outcome.bad, outcome.needed, 0, outcome.count
 
 
 @njit(cache=True)
 def k_reset_prefix_cache(arena, scratch):
     """``reset_prefix_cache``: returns (status, -1, record rows needed, 0, blocks evicted)."""
-    status, rows, count = run_reset_prefix_cache(arena, scratch, with_pages(scratch))
-    return status, -1, rows, 0, count
+    outcome = run_reset_prefix_cache(arena, scratch, with_pages(scratch))
+    return outcome.status, -1, outcome.needed, 0, outcome.count
 
 
 @njit(cache=True)
 def k_reset_prefix_cache_paged(arena, scratch, pool):
     """``reset_prefix_cache`` of a manager on a page pool."""
-    status, rows, count = run_reset_prefix_cache(arena, scratch, with_pages(pool))
-    return status, -1, rows, 0, count
+    outcome = run_reset_prefix_cache(arena, scratch, with_pages(pool))
+    return outcome.status, -1, outcome.needed, 0, outcome.count
 
 
 @njit(cache=True)
@@ -362,9 +394,9 @@ def k_rollback_paged(arena, scratch, pool):
 def k_block_tables(ids, arena, scratch):
     """``block_tables``: returns (status, bad, int32 tables padded with -1)."""
     slots = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
-    if status != ST_OK:
-        return status, bad, np.empty((0, 0), dtype=np.int32)
+    resolved = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
+    if resolved.status != ST_OK:
+        return resolved.status, resolved.bad, np.empty((0, 0), dtype=np.int32)
     out = np.full((ids.shape[0], table_width(slots, arena, scratch)), -1, dtype=np.int32)
     fill_tables(slots, out, arena, scratch)
     return ST_OK, -1, out
@@ -375,10 +407,10 @@ def k_seq_lens(ids, arena, scratch):
     """``seq_lens``: returns (status, bad, int64 lengths)."""
     slots = np.empty(ids.shape[0], dtype=np.int64)
     out = np.empty(ids.shape[0], dtype=np.int64)
-    status, bad = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
-    if status == ST_OK:
+    resolved = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
+    if resolved.status == ST_OK:
         fill_lens(slots, out, arena, scratch)
-    return status, bad, out
+    return resolved.status, resolved.bad, out
 
 
 @njit(cache=True)
@@ -394,10 +426,12 @@ def k_check_paged(arena, scratch, pool):
 
 
 # --- one request at a time (engines that call the manager once per request) -------------------
-# Scalars in, scalars out: each array argument or result costs about 150 ns at the boundary, so
-# these take the arenas as addresses and sizes (``arena_at``), the keys of a keyed prompt as the
-# only array, and (but for ``lookup_one``, which returns its hits) carve their one-element
-# inputs, outputs and cache hits or slots out of the scratch arena's call room: no allocation.
+# Scalars in, scalars out: numba wraps every array argument and result in an object of its own
+# at the call boundary, which would dominate a one-request call. So these take the arenas as
+# addresses and sizes (``arena_at``), the keys of a keyed prompt as the only array, and (but for
+# ``lookup_one``, which returns its hits) carve their one-element inputs, outputs and cache hits
+# or slots out of the scratch arena's call room, laid out by ``APPEND_ONE_ROOM`` and
+# ``ADMIT_ONE_ROOM`` (``kvnumba._state``): no allocation.
 # The workers are append's and admit's own, for the same types.
 
 
@@ -410,31 +444,40 @@ def _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes):
 @njit(cache=True, inline="always")
 def _append_one(seq_id, count, arena, scratch):
     room = call_room(scratch)
-    slots = carve(room, 0, (1,), np.int64)
-    ids = carve(room, 8, (1,), np.int64)
-    counts = carve(room, 16, (1,), np.int64)
-    cow_src = carve(room, 24, (1,), np.int32)
-    cow_dst = carve(room, 28, (1,), np.int32)
-    ok = carve(room, 32, (1,), np.bool_)
-    no_tokens = carve(room, 40, (0,), np.int64)  # words 0-5: APPEND_ONE_INPUTS
+    at = APPEND_ONE_AT
+    ids = carve(room, at.ids, (1,), np.int64)
+    counts = carve(room, at.counts, (1,), np.int64)
+    no_tokens = carve(room, at.no_tokens, (0,), np.int64)
     # An append that may stay within one block gets its slots in the room (at least
-    # block_size + 8 words): the in-block path writes them unconditionally. A longer one gets
-    # an empty slot mapping, which the general path leaves unwritten.
+    # block_size + CALL_ROOM_INPUTS words): the in-block path writes them unconditionally. A
+    # longer one gets an empty slot mapping, which the general path leaves unwritten.
     within_a_block = 0 <= count <= block_size_of(arena)
-    slot_mapping = carve(room, 8 * APPEND_ONE_INPUTS, (count if within_a_block else 0,), np.int64)
-    ids[0], counts[0], ok[0] = seq_id, count, False
-    status, bad, needed, available, num_cow = run_append(
-        ids, counts, no_tokens, np.bool_(False), np.bool_(True), slots, slot_mapping, cow_src,
-        cow_dst, ok, arena, scratch, scratch,
-    )  # fmt: skip
+    results = AppendOutputs(
+        carve(room, at.slots, (1,), np.int64),
+        carve(room, at.slot_mapping, (count if within_a_block else 0,), np.int64),
+        carve(room, at.cow_src, (1,), np.int32),
+        carve(room, at.cow_dst, (1,), np.int32),
+        carve(room, at.ok, (1,), np.bool_),
+    )
+    ids[0], counts[0], results.ok[0] = seq_id, count, False
+    inputs = AppendInputs(ids, counts, no_tokens, np.bool_(False), np.bool_(True))
+    outcome = run_append(inputs, results, arena, scratch, scratch)
+    status, bad, needed, available = (
+        outcome.status,
+        outcome.bad,
+        outcome.needed,
+        outcome.available,
+    )
+    slot = results.slots[0]
     if status != ST_OK:
-        return status, bad, needed, available, 0, 0, -1, -1, slots[0]
-    length, block_size = length_and_block_size(slots[0], arena, scratch)
-    after = blocks_of(length, block_size)
-    before = blocks_of(length - count, block_size)
-    if num_cow > 0:
-        return status, bad, needed, available, before, after, cow_src[0], cow_dst[0], slots[0]
-    return status, bad, needed, available, before, after, -1, -1, slots[0]
+        return status, bad, needed, available, 0, 0, -1, -1, slot
+    size = length_and_block_size(slot, arena, scratch)
+    after = blocks_of(size.length, size.block_size)
+    before = blocks_of(size.length - count, size.block_size)
+    if outcome.count > 0:
+        cow_src, cow_dst = results.cow_src[0], results.cow_dst[0]
+        return status, bad, needed, available, before, after, cow_src, cow_dst, slot
+    return status, bad, needed, available, before, after, -1, -1, slot
 
 
 @njit(cache=True)
@@ -446,17 +489,18 @@ def k_append_one(seq_id, count, arena_address, arena_nbytes, scratch_address, sc
 
 
 @njit(cache=True)
-def k_append_one_keys(seq_id, count, key_start, keys, arena_address, arena_nbytes,
-                      scratch_address, scratch_nbytes):  # fmt: skip
+def k_append_one_keys(
+    seq_id, count, key_start, keys, arena_address, arena_nbytes, scratch_address, scratch_nbytes
+):
     """``k_append_one``, then ``keys`` registered at table positions ``key_start ..`` (full
     blocks once grown; checked before anything is written)."""
     arena, scratch = _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes)
-    status, bad = check_key_run(seq_id, count, key_start, keys, arena, scratch)
-    if status != ST_OK:
-        return status, bad, 0, 0, 0, 0, -1, -1, -1
+    check = check_key_run(seq_id, count, key_start, keys, arena, scratch)
+    if check.status != ST_OK:
+        return check.status, check.bad, 0, 0, 0, 0, -1, -1, -1
     result = _append_one(seq_id, count, arena, scratch)
-    if result[0] == ST_OK:
-        register_key_run(result[8], key_start, keys, arena, scratch)
+    if result[STATUS] == ST_OK:
+        register_key_run(result[_APPEND_ONE_SLOT], key_start, keys, arena, scratch)
     return result
 
 
@@ -471,75 +515,73 @@ def _admit_one(tokens_in, length, salt, has_tokens, keys, cap, arena, scratch):
     room = call_room(scratch)
     if 8 * (CALL_ROOM_INPUTS + blocks) > room.shape[0]:
         return ST_NEED_BUFFERS, -1, 0
-    lengths = carve(room, 0, (1,), np.int64)
-    salts = carve(room, 8, (1,), np.int64)
-    caps = carve(room, 16, (1,), np.int64)
-    ids = carve(room, 24, (1,), np.int64)
-    cached = carve(room, 32, (1,), np.int64)
-    key_counts = carve(room, 40, (1,), np.int64)
-    ok = carve(room, 48, (1,), np.bool_)
-    no_pairs = carve(room, 56, (0,), np.int32)
-    no_slots = carve(room, 56, (0,), np.int64)  # the facade reads no slot mapping
-    hits = carve(room, 8 * CALL_ROOM_INPUTS, (blocks,), np.int64)
-    lengths[0], salts[0], caps[0], ids[0], cached[0], ok[0] = length, salt, cap, -1, 0, False
-    key_counts[0] = keys.shape[0]
-    key_rows = (keys, key_counts)
-    status, _, _, bound, _ = validate_admit(
-        tokens_in, lengths, salts, arena, scratch, has_tokens, key_rows, caps, np.bool_(True)
+    at = ADMIT_ONE_AT
+    lengths = carve(room, at.lengths, (1,), np.int64)
+    salts = carve(room, at.salts, (1,), np.int64)
+    caps = carve(room, at.caps, (1,), np.int64)
+    key_counts = carve(room, at.key_counts, (1,), np.int64)
+    results = AdmitOutputs(
+        carve(room, at.ids, (1,), np.int64),
+        carve(room, at.cached, (1,), np.int64),
+        carve(room, at.no_slots, (0,), np.int64),  # the facade reads no slot mapping
+        carve(room, at.ok, (1,), np.bool_),
+        carve(room, at.hits, (blocks,), np.int64),
     )
-    if status != ST_OK:
-        return status, -1, 0
-    status, _, _, _, _ = run_admit(
-        tokens_in, lengths, salts, np.bool_(True), bound, ids, cached, no_slots, ok, hits,
-        no_pairs, arena, scratch, with_pages(scratch), has_tokens, key_rows, caps,
-    )  # fmt: skip
-    return status, ids[0], cached[0]
+    lengths[0], salts[0], caps[0], key_counts[0] = length, salt, cap, keys.shape[0]
+    results.ids[0], results.num_cached_tokens[0], results.ok[0] = -1, 0, False
+    prompts = PromptInputs(tokens_in, lengths, salts, has_tokens, np.bool_(True))
+    key_rows = KeyRows(keys, key_counts)
+    check = validate_admit(prompts, key_rows, caps, np.bool_(True), arena, scratch)
+    if check.status != ST_OK:
+        return check.status, -1, 0
+    pool = with_pages(scratch)
+    outcome = run_admit(prompts, key_rows, caps, check.bound, results, arena, scratch, pool)
+    return outcome.status, results.ids[0], results.num_cached_tokens[0]
 
 
 @njit(cache=True)
-def k_admit_one(tokens_in, salt, cap, arena_address, arena_nbytes, scratch_address,
-                scratch_nbytes):  # fmt: skip
+def k_admit_one(tokens_in, salt, cap, arena_address, arena_nbytes, scratch_address, scratch_nbytes):
     """One prompt with token ids (a manager without engine keys): returns (status, id, cached
     tokens). It passes no keys the way ``k_admit_keys`` takes them, so the two share their
     compiled workers (the token hashes find the hits)."""
     arena, scratch = _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes)
-    no_keys = carve(call_room(scratch), 0, (0, 4), np.uint64)[::1]  # layout "A", as keys are
+    # Layout "A", as keys are.
+    no_keys = carve(call_room(scratch), ADMIT_ONE_AT.no_keys, (0, 4), np.uint64)[::1]
     return _admit_one(
         tokens_in, tokens_in.shape[0], salt, np.bool_(True), no_keys, cap, arena, scratch
     )
 
 
 @njit(cache=True)
-def k_admit_one_keys(length, salt, keys, cap, arena_address, arena_nbytes, scratch_address,
-                     scratch_nbytes):  # fmt: skip
+def k_admit_one_keys(
+    length, salt, keys, cap, arena_address, arena_nbytes, scratch_address, scratch_nbytes
+):
     """One prompt with engine keys and no token ids (all of ``keys`` belong to it): returns
     (status, id, cached tokens). ``keys`` may be strided; keys not of 4 words are refused."""
     if keys.shape[1] != 4:
         return ST_BAD_KEY_COUNT, -1, 0
     arena, scratch = _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes)
-    no_tokens = carve(call_room(scratch), 0, (0,), np.int64)
+    no_tokens = carve(call_room(scratch), ADMIT_ONE_AT.no_tokens, (0,), np.int64)
     return _admit_one(no_tokens, length, salt, np.bool_(False), keys, cap, arena, scratch)
 
 
 @njit(cache=True)
-def k_lookup_one_keys(length, salt, keys, cap, arena_address, arena_nbytes, scratch_address,
-                      scratch_nbytes):  # fmt: skip
+def k_lookup_one_keys(
+    length, salt, keys, cap, arena_address, arena_nbytes, scratch_address, scratch_nbytes
+):
     """``lookup`` of one prompt with engine keys and no token ids: returns (status, bad, hit
     blocks)."""
     arena, scratch = _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes)
     lengths = np.full(1, length, dtype=np.int64)
     salts = np.full(1, salt, dtype=np.int64)
     caps = np.full(1, cap, dtype=np.int64)
-    key_rows = (keys, np.full(1, keys.shape[0], dtype=np.int64))
-    tokens_in = np.empty(0, dtype=np.int64)
-    status, bad, _, _, _ = validate_admit(
-        tokens_in, lengths, salts, arena, scratch, np.bool_(False), key_rows, caps,
-        np.bool_(False),
-    )  # fmt: skip
+    key_rows = KeyRows(keys, np.full(1, keys.shape[0], dtype=np.int64))
+    no_tokens = np.empty(0, dtype=np.int64)
+    prompts = PromptInputs(no_tokens, lengths, salts, np.bool_(False), np.bool_(False))
+    check = validate_admit(prompts, key_rows, caps, np.bool_(False), arena, scratch)
     hits = np.empty((1, keys.shape[0]), dtype=np.int64)
-    if status != ST_OK:
-        return status, bad, hits[0, :0]
-    width = run_lookup(
-        tokens_in, lengths, salts, salts, hits, arena, scratch, np.bool_(False), key_rows, caps
-    )
+    if check.status != ST_OK:
+        return check.status, check.bad, hits[0, :0]
+    # The prompt's cached tokens are not returned: ``salts`` takes them.
+    width = run_lookup(prompts, key_rows, caps, salts, hits, arena, scratch)
     return ST_OK, -1, hits[0, :width]

@@ -1,7 +1,7 @@
 """Token position <-> block arithmetic.
 
 Block sizes are almost always powers of two; then a shift and a mask replace a 64-bit division,
-which costs tens of cycles and sits on the per-sequence path of every call.
+which is slow and sits on the per-sequence path of every call.
 """
 
 from numba import config

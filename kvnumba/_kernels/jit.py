@@ -3,8 +3,8 @@
 Entry kernels (:mod:`.entry`, and the page pool's three in :mod:`.physical_pages`) are plain
 ``@njit(cache=True)``: the facade calls them. Every other compiled function is a helper,
 compiled without numba's runtime (NRT) and without the Python and C wrappers numba would
-otherwise build (for a helper taking the forty views those wrappers were twice the size of its
-body, and about 3 s of the quick start):
+otherwise build (for a helper taking the forty views those wrappers are larger than its body,
+and compiling them was a large part of the quick start):
 
 - :func:`inlined`: LLVM always inlines it into its caller (numba's ``forceinline``). numba
   types and optimises its body once; a call site costs numba nothing and LLVM a little, and

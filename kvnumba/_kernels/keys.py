@@ -7,10 +7,13 @@ a match compares all four words, the salt and, when both sides know them, the to
 prefix table, its marks and the rollback are the token mode's unchanged.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from kvnumba._kernels.events import EVENT_STORED, note_event
 from kvnumba._kernels.jit import inlined, out_of_line
+from kvnumba._kernels.outcomes import Outcome, PromptHits, Status
 from kvnumba._kernels.prefix import table_insert
 from kvnumba._kernels.sequences import resolve, resolve_ids
 from kvnumba._kernels.undo import log_write, set_logged
@@ -34,6 +37,16 @@ from kvnumba._state import (
 from kvnumba.errors import ST_BAD_KEY_COUNT, ST_BAD_KEY_POSITION, ST_KEY_CONFLICT, ST_OK
 
 _ONE = np.uint64(1)
+
+
+class KeyRuns(NamedTuple):
+    """A ``set_keys`` call: sequence ``i`` (at slot ``slots[i]``) gives its table positions
+    ``starts[i] .. starts[i] + counts[i] - 1`` the next ``counts[i]`` rows of ``keys``."""
+
+    starts: np.ndarray
+    counts: np.ndarray
+    slots: np.ndarray
+    keys: np.ndarray
 
 
 @inlined
@@ -82,11 +95,11 @@ def lookup_keys(v, keys, row, salt, prompt, has_tokens, limit, hits):
 
     The prompt's keys start at ``keys[row]``; ``limit`` blocks are looked up at most (its
     keys, the last prompt token, which is always computed, and the caller's cap: see
-    ``prompt_hits``); the walk stops at the first miss. ``prompt`` holds the prompt's tokens when ``has_tokens``. Returns (hits, hits
-    at refcount 0). Once per prompt, out of line.
+    ``prompt_hits``); the walk stops at the first miss. ``prompt`` holds the prompt's tokens
+    when ``has_tokens``. Returns the :class:`.PromptHits`.
     """
     if v.meta[M_PREFIX_CACHING] == 0:
-        return 0, 0
+        return PromptHits(0, 0, limit)
     block_size = v.tokens.shape[1]
     num_hits = 0
     num_cached = 0
@@ -100,7 +113,7 @@ def lookup_keys(v, keys, row, salt, prompt, has_tokens, limit, hits):
         num_hits += 1
         if v.ref[b] == 0:
             num_cached += 1
-    return num_hits, num_cached
+    return PromptHits(num_hits, num_cached, limit)
 
 
 @out_of_line
@@ -146,16 +159,17 @@ def _same_words(a, b):
 
 
 @out_of_line
-def _keyed_twice(v, ids, starts, counts, slots, keys, i, pos, row):
-    """Whether an earlier row of this ``set_keys`` call gives the block at ``(ids[i], pos)``
-    (``row``) a different key; only asked for shared blocks, so rarely."""
-    b = v.seq_table[slots[i], pos]
+def _keyed_twice(v, runs, i, pos, row):
+    """Whether an earlier row of this ``set_keys`` call gives the block at position ``pos`` of
+    sequence ``i`` (key row ``row``) a different key; only asked for shared blocks, so rarely."""
+    keys = runs.keys
+    b = v.seq_table[runs.slots[i], pos]
     earlier = 0
     for j in range(i + 1):
-        for q in range(starts[j], starts[j] + counts[j]):
+        for q in range(runs.starts[j], runs.starts[j] + runs.counts[j]):
             if earlier == row:
                 return False
-            if v.seq_table[slots[j], q] == b and not _same_words(keys[earlier], keys[row]):
+            if v.seq_table[runs.slots[j], q] == b and not _same_words(keys[earlier], keys[row]):
                 return True
             earlier += 1
     return False
@@ -164,7 +178,8 @@ def _keyed_twice(v, ids, starts, counts, slots, keys, i, pos, row):
 @out_of_line
 def run_set_keys(ids, starts, counts, keys, slots, arena, scratch):
     """Give sequence ``ids[i]``'s blocks at positions ``starts[i] .. starts[i] + counts[i] - 1``
-    the next ``counts[i]`` keys and register them; returns (status, bad index, registered).
+    the next ``counts[i]`` keys and register them; returns an :class:`.Outcome` whose
+    ``count`` is the blocks registered.
 
     Everything is validated before the first write (ids as ``release``; positions inside the
     sequence's full blocks; one key row per position; a block that has a key already must
@@ -173,30 +188,31 @@ def run_set_keys(ids, starts, counts, keys, slots, arena, scratch):
     """
     n = ids.shape[0]
     if starts.shape[0] != n or counts.shape[0] != n:
-        return ST_BAD_KEY_COUNT, -1, 0
-    status, bad = resolve_ids(ids, True, slots, arena, scratch)
-    if status != ST_OK:
-        return status, bad, 0
+        return Outcome(ST_BAD_KEY_COUNT, -1, 0, 0, 0)
+    resolved = resolve_ids(ids, True, slots, arena, scratch)
+    if resolved.status != ST_OK:
+        return Outcome(resolved.status, resolved.bad, 0, 0, 0)
     v = views(arena, scratch, scratch)
     block_size = v.tokens.shape[1]
     rows = 0
     for i in range(n):
         full = v.seq_len[slots[i]] // block_size
         if starts[i] < 0 or counts[i] < 0 or counts[i] > full - starts[i]:
-            return ST_BAD_KEY_POSITION, i, 0
+            return Outcome(ST_BAD_KEY_POSITION, i, 0, 0, 0)
         rows += counts[i]
     if rows != keys.shape[0]:
-        return ST_BAD_KEY_COUNT, -1, 0
+        return Outcome(ST_BAD_KEY_COUNT, -1, 0, 0, 0)
+    runs = KeyRuns(starts, counts, slots, keys)
     row = 0
     for i in range(n):
         for pos in range(starts[i], starts[i] + counts[i]):
             b = v.seq_table[slots[i], pos]
             if (v.block_flags[b] & F_HASHED) != 0:
                 if not _same_words(v.block_key[b], keys[row]):
-                    return ST_KEY_CONFLICT, i, 0
-            elif v.ref[b] > 1 and _keyed_twice(v, ids, starts, counts, slots, keys, i, pos, row):
+                    return Outcome(ST_KEY_CONFLICT, i, 0, 0, 0)
+            elif v.ref[b] > 1 and _keyed_twice(v, runs, i, pos, row):
                 # A shared block is given another key by an earlier row of this call.
-                return ST_KEY_CONFLICT, i, 0
+                return Outcome(ST_KEY_CONFLICT, i, 0, 0, 0)
             row += 1
     for name in (S_EV_N, S_EVT_N, S_MAP_N, S_UNMAP_N, S_FAILED):
         v.scr[name] = 0
@@ -211,31 +227,32 @@ def run_set_keys(ids, starts, counts, keys, slots, arena, scratch):
             if before == 0 and (v.block_flags[b] & F_REGISTERED) != 0:
                 registered += 1
             row += 1
-    return ST_OK, -1, registered
+    return Outcome(ST_OK, -1, 0, 0, registered)
 
 
 @out_of_line
 def check_key_run(seq_id, count, start, keys, arena, scratch):
     """Whether ``keys`` may go to table positions ``start ..`` of sequence ``seq_id`` once it
-    has grown by ``count`` tokens: (status, bad). Read only; an unknown id or a bad count is
+    has grown by ``count`` tokens: a :class:`.Status`. Read only; an unknown id or a bad count is
     left to the append's own validation (ST_OK here)."""
     v = views(arena, scratch, scratch)
-    status, slot = resolve(v, seq_id)
-    if status != ST_OK or count < 0:
-        return ST_OK, -1
+    found = resolve(v, seq_id)
+    if found.status != ST_OK or count < 0:
+        return Status(ST_OK, -1)
+    slot = found.slot
     block_size = v.tokens.shape[1]
     length = v.seq_len[slot]
     full = (length + count) // block_size
     if start < 0 or keys.shape[0] > full - start:
-        return ST_BAD_KEY_POSITION, 0
+        return Status(ST_BAD_KEY_POSITION, 0)
     held = (length + block_size - 1) // block_size
     for r in range(keys.shape[0]):
         pos = start + r
         if pos < held:
             b = v.seq_table[slot, pos]
             if (v.block_flags[b] & F_HASHED) != 0 and not _same_words(v.block_key[b], keys[r]):
-                return ST_KEY_CONFLICT, 0
-    return ST_OK, -1
+                return Status(ST_KEY_CONFLICT, 0)
+    return Status(ST_OK, -1)
 
 
 @out_of_line

@@ -15,6 +15,9 @@ The lists:
   ``co_next``, ends in ``meta``), oldest stamp first.
 """
 
+from typing import NamedTuple
+
+import numpy as np
 from numba import int64, types, void
 
 from kvnumba._kernels.jit import inlined, out_of_line
@@ -32,9 +35,32 @@ from kvnumba._state import (
     NIL,
 )
 
+
+class LinkedList(NamedTuple):
+    """One list: its link arrays, their undo codes and where its ends are kept."""
+
+    #: Back links, indexed by node.
+    prev: np.ndarray
+    #: Forward links, indexed by node.
+    nxt: np.ndarray
+    #: Undo codes of ``(prev, nxt)``.
+    codes: tuple
+    #: The array holding the list's ends: ``meta`` (int64) or the page buckets (int32).
+    ends: np.ndarray
+    #: Undo code of ``ends``, or ``NOT_LOGGED`` (``meta``, which a logged call saves whole).
+    ends_code: int
+    #: Index of the head in ``ends``.
+    head_i: int
+    #: Index of the tail in ``ends``, or -1 for a list without a tail.
+    tail_i: int
+
+
 _I32, _I64 = array_type("int32"), array_type("int64")
-_CODES = types.UniTuple(int64, 2)
 # Explicit signatures (see .jit): ends are ``meta`` (int64) or the page buckets (int32).
+_LISTS = [
+    types.NamedTuple([_I32, _I32, types.UniTuple(int64, 2), ends, int64, int64, int64], LinkedList)
+    for ends in (_I64, _I32)
+]
 _ENDS = (_I64, _I32)
 
 
@@ -45,44 +71,43 @@ def _set_end(v, ends, ends_code, i, value):
     ends[i] = value
 
 
-@inlined([void(VIEWS, int64, _I32, _I32, _CODES, ends, int64, int64, int64) for ends in _ENDS])
-def list_unlink(v, node, prev, nxt, codes, ends, ends_code, head_i, tail_i):
-    """Remove ``node`` from its list (O(1)); ``codes`` = undo codes of ``(prev, nxt)``;
-    ``tail_i < 0`` for a list without a tail."""
-    p = prev[node]
-    n = nxt[node]
+@inlined([void(VIEWS, int64, lst) for lst in _LISTS])
+def list_unlink(v, node, lst):
+    """Remove ``node`` from its list (O(1))."""
+    p = lst.prev[node]
+    n = lst.nxt[node]
     if p == NIL:
-        _set_end(v, ends, ends_code, head_i, n)
+        _set_end(v, lst.ends, lst.ends_code, lst.head_i, n)
     else:
-        set_logged(v, nxt, codes[1], p, n)
+        set_logged(v, lst.nxt, lst.codes[1], p, n)
     if n != NIL:
-        set_logged(v, prev, codes[0], n, p)
-    elif tail_i >= 0:
-        _set_end(v, ends, ends_code, tail_i, p)
+        set_logged(v, lst.prev, lst.codes[0], n, p)
+    elif lst.tail_i >= 0:
+        _set_end(v, lst.ends, lst.ends_code, lst.tail_i, p)
 
 
-@inlined(void(VIEWS, int64, _I32, _I32, _CODES, _I64, int64, int64, int64))
-def list_push_back(v, node, prev, nxt, codes, ends, ends_code, head_i, tail_i):
+@inlined(void(VIEWS, int64, _LISTS[0]))
+def list_push_back(v, node, lst):
     """Append ``node`` at the tail (O(1))."""
-    t = ends[tail_i]
-    set_logged(v, prev, codes[0], node, t)
-    set_logged(v, nxt, codes[1], node, NIL)
+    t = lst.ends[lst.tail_i]
+    set_logged(v, lst.prev, lst.codes[0], node, t)
+    set_logged(v, lst.nxt, lst.codes[1], node, NIL)
     if t == NIL:
-        _set_end(v, ends, ends_code, head_i, node)
+        _set_end(v, lst.ends, lst.ends_code, lst.head_i, node)
     else:
-        set_logged(v, nxt, codes[1], t, node)
-    _set_end(v, ends, ends_code, tail_i, node)
+        set_logged(v, lst.nxt, lst.codes[1], t, node)
+    _set_end(v, lst.ends, lst.ends_code, lst.tail_i, node)
 
 
-@inlined([void(VIEWS, int64, _I32, _I32, _CODES, ends, int64, int64) for ends in _ENDS])
-def list_push_front(v, node, prev, nxt, codes, ends, ends_code, head_i):
+@inlined([void(VIEWS, int64, lst) for lst in _LISTS])
+def list_push_front(v, node, lst):
     """Put ``node`` at the head of a list without a tail (O(1))."""
-    front = ends[head_i]
-    set_logged(v, prev, codes[0], node, NIL)
-    set_logged(v, nxt, codes[1], node, front)
+    front = lst.ends[lst.head_i]
+    set_logged(v, lst.prev, lst.codes[0], node, NIL)
+    set_logged(v, lst.nxt, lst.codes[1], node, front)
     if front != NIL:
-        set_logged(v, prev, codes[0], front, node)
-    _set_end(v, ends, ends_code, head_i, node)
+        set_logged(v, lst.prev, lst.codes[0], front, node)
+    _set_end(v, lst.ends, lst.ends_code, lst.head_i, node)
 
 
 _LRU = (FIELD.lru_prev, FIELD.lru_next)
@@ -93,27 +118,31 @@ _CACHE_ONLY = (FIELD.co_prev, FIELD.co_next)
 @inlined
 def lru_unlink(v, b):
     """Take cached block ``b`` off the LRU list."""
-    list_unlink(v, b, v.lru_prev, v.lru_next, _LRU, v.meta, NOT_LOGGED, M_LRU_HEAD, M_LRU_TAIL)
+    lru = LinkedList(v.lru_prev, v.lru_next, _LRU, v.meta, NOT_LOGGED, M_LRU_HEAD, M_LRU_TAIL)
+    list_unlink(v, b, lru)
     v.meta[M_CACHED] -= 1
 
 
 @inlined
 def lru_push_tail(v, b):
     """Append block ``b`` as the most recently released cached block."""
-    list_push_back(v, b, v.lru_prev, v.lru_next, _LRU, v.meta, NOT_LOGGED, M_LRU_HEAD, M_LRU_TAIL)
+    lru = LinkedList(v.lru_prev, v.lru_next, _LRU, v.meta, NOT_LOGGED, M_LRU_HEAD, M_LRU_TAIL)
+    list_push_back(v, b, lru)
     v.meta[M_CACHED] += 1
 
 
 @out_of_line
 def bucket_unlink(v, page, c):
     """Remove ``page`` from bucket ``c``."""
-    list_unlink(v, page, v.bucket_prev, v.bucket_next, _BUCKET, v.buckets, FIELD.buckets, c, -1)
+    bucket = LinkedList(v.bucket_prev, v.bucket_next, _BUCKET, v.buckets, FIELD.buckets, c, -1)
+    list_unlink(v, page, bucket)
 
 
 @out_of_line
 def bucket_push(v, page, c):
     """Put ``page`` at the front of bucket ``c``."""
-    list_push_front(v, page, v.bucket_prev, v.bucket_next, _BUCKET, v.buckets, FIELD.buckets, c)
+    bucket = LinkedList(v.bucket_prev, v.bucket_next, _BUCKET, v.buckets, FIELD.buckets, c, -1)
+    list_push_front(v, page, bucket)
     if c < v.meta[M_BUCKET_MIN]:
         v.meta[M_BUCKET_MIN] = c
 
@@ -121,16 +150,18 @@ def bucket_push(v, page, c):
 @out_of_line
 def cache_only_unlink(v, page):
     """Take ``page`` off the cache-only list."""
-    list_unlink(
-        v, page, v.co_prev, v.co_next, _CACHE_ONLY, v.meta, NOT_LOGGED, M_CO_HEAD, M_CO_TAIL
+    cache_only = LinkedList(
+        v.co_prev, v.co_next, _CACHE_ONLY, v.meta, NOT_LOGGED, M_CO_HEAD, M_CO_TAIL
     )
+    list_unlink(v, page, cache_only)
     v.meta[M_CO_COUNT] -= 1
 
 
 @out_of_line
 def cache_only_push(v, page):
     """Append ``page`` to the cache-only list (the caller stamps it)."""
-    list_push_back(
-        v, page, v.co_prev, v.co_next, _CACHE_ONLY, v.meta, NOT_LOGGED, M_CO_HEAD, M_CO_TAIL
+    cache_only = LinkedList(
+        v.co_prev, v.co_next, _CACHE_ONLY, v.meta, NOT_LOGGED, M_CO_HEAD, M_CO_TAIL
     )
+    list_push_back(v, page, cache_only)
     v.meta[M_CO_COUNT] += 1

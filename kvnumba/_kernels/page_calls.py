@@ -4,7 +4,7 @@
 Which of the two is decided when numba types a call, by the type of the views
 (:func:`.views.is_paged`: a paged kernel hands its workers the pool's arena typed with layout
 ``'A'``, ``entry.paged``). The kernels of a manager without a page pool are therefore compiled
-without the page code, which was about a fifth of the quick start's compile time. Their
+without the page code, a large part of the quick start's compile time otherwise. Their
 callers still test ``meta[M_PAGE_K]`` at run time, so the empty versions are never reached.
 
 Each name here is a Python function that numba replaces at every call site

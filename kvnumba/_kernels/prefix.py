@@ -52,7 +52,7 @@ def chain_hash(parent, salt, block_tokens, hash_bits):
     """
     h = mix64(parent ^ mix64(np.uint64(salt) ^ _SALT_KEY))
     # One multiply per token (injective in the token for a given state), one full mix at the
-    # end: a third of the cost of mixing fully after every token.
+    # end: much cheaper than mixing fully after every token.
     for j in range(block_tokens.shape[0]):
         h = (h ^ np.uint64(block_tokens[j])) * _MIX_1
         h ^= h >> np.uint64(29)

@@ -5,12 +5,15 @@ the slot's generation grows every time the slot is handed out, so a stale id is 
 an unknown one, and the manager's tag makes another manager's id unknown here.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import int64, types
 
 from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined, out_of_line
+from kvnumba._kernels.outcomes import Status
 from kvnumba._kernels.undo import log_write
 from kvnumba._kernels.views import VIEWS, views
 from kvnumba._state import (
@@ -41,27 +44,49 @@ _generation_mask = inlined(generation_mask)
 _compose_id = inlined(compose_id)
 
 
+class Resolved(NamedTuple):
+    """What :func:`resolve` makes of a sequence id: a status, and the slot when it is ST_OK."""
+
+    status: int
+    slot: int
+
+
+class NewSequence(NamedTuple):
+    """A sequence :func:`open_slot` opened: its slot and its id."""
+
+    slot: int
+    seq_id: int
+
+
+class SequenceSize(NamedTuple):
+    """Tokens held by a sequence, and the block size."""
+
+    length: int
+    block_size: int
+
+
 @inlined
 def resolve(v, seq_id):
-    """Status and slot of a sequence id (status ST_OK only for a live sequence)."""
+    """Status and slot of a sequence id (status ST_OK only for a live sequence): a
+    :class:`Resolved`."""
     if seq_id < 0 or (seq_id >> ID_TAG_SHIFT) != v.meta[M_ID_TAG]:
-        return ST_UNKNOWN_SEQ, -1
+        return Resolved(ST_UNKNOWN_SEQ, -1)
     bits = v.meta[M_SLOT_BITS]
     slot = seq_id & ((1 << bits) - 1)
     gen = (seq_id >> bits) & _generation_mask(bits)
     if slot >= v.seq_gen.shape[0] or gen < 1:
-        return ST_UNKNOWN_SEQ, -1
+        return Resolved(ST_UNKNOWN_SEQ, -1)
     current = v.seq_gen[slot]
     if gen == current and v.seq_live[slot] != 0:
-        return ST_OK, slot
+        return Resolved(ST_OK, slot)
     if gen <= current:
-        return ST_RELEASED_SEQ, -1
-    return ST_UNKNOWN_SEQ, -1
+        return Resolved(ST_RELEASED_SEQ, -1)
+    return Resolved(ST_UNKNOWN_SEQ, -1)
 
 
-@inlined(types.UniTuple(int64, 2)(VIEWS, int64))
+@inlined(types.NamedUniTuple(int64, 2, NewSequence)(VIEWS, int64))
 def open_slot(v, salt):
-    """Take a free slot for a new empty sequence; returns (slot, id)."""
+    """Take a free slot for a new empty sequence; returns a :class:`NewSequence`."""
     meta = v.meta
     top = meta[M_SLOT_TOP] - 1
     slot = np.int64(v.slot_stack[top])  # int64 like the slots of ids: one compiled callee
@@ -77,25 +102,27 @@ def open_slot(v, salt):
     v.seq_salt[slot] = salt
     v.seq_len[slot] = 0
     meta[M_LIVE_SEQS] += 1
-    return slot, _compose_id(meta[M_ID_TAG], gen, slot, bits)
+    return NewSequence(slot, _compose_id(meta[M_ID_TAG], gen, slot, bits))
 
 
 @out_of_line
 def resolve_ids(ids, reject_duplicates, slots, arena, scratch):
-    """Write the slot of every id to ``slots``; returns (status, index of the first bad id)."""
+    """Write the slot of every id to ``slots``; returns a :class:`.Status` (``bad``: the index of
+    the first bad id)."""
     v = views(arena, scratch, scratch)
     stamp = v.scr[S_STAMP] + 1
     v.scr[S_STAMP] = stamp
     for i in range(ids.shape[0]):
-        status, slot = resolve(v, ids[i])
-        if status != ST_OK:
-            return status, i
+        found = resolve(v, ids[i])
+        if found.status != ST_OK:
+            return Status(found.status, i)
+        slot = found.slot
         if reject_duplicates:
             if v.seq_mark[slot] == stamp:
-                return ST_DUPLICATE_ID, i
+                return Status(ST_DUPLICATE_ID, i)
             v.seq_mark[slot] = stamp
         slots[i] = slot
-    return ST_OK, -1
+    return Status(ST_OK, -1)
 
 
 @out_of_line
@@ -105,8 +132,7 @@ def run_new_sequences(ids, arena, scratch):
     if ids.shape[0] > v.meta[M_SLOT_TOP]:
         return ST_TOO_MANY_SEQS
     for i in range(ids.shape[0]):
-        _, new_id = open_slot(v, 0)
-        ids[i] = new_id
+        ids[i] = open_slot(v, 0).seq_id
     return ST_OK
 
 
@@ -151,8 +177,9 @@ def run_fork(slots, children, arena, scratch):
         length = seq_len[parent]
         nblocks = blocks_of(length, block_size)
         for c in range(n):
-            slot, child = open_slot(v, v.seq_salt[parent])
-            children[i, c] = child
+            child = open_slot(v, v.seq_salt[parent])
+            slot = child.slot
+            children[i, c] = child.seq_id
             seq_len[slot] = length
             for pos in range(nblocks):
                 seq_table[slot, pos] = seq_table[parent, pos]
@@ -190,6 +217,6 @@ def fill_lens(slots, out, arena, scratch):
 
 @out_of_line
 def length_and_block_size(slot, arena, scratch):
-    """Tokens held by sequence slot ``slot``, and the block size (for NRT entry kernels)."""
+    """The :class:`SequenceSize` of sequence slot ``slot`` (for NRT entry kernels)."""
     v = views(arena, scratch, scratch)
-    return v.seq_len[slot], np.int64(v.tokens.shape[1])
+    return SequenceSize(v.seq_len[slot], np.int64(v.tokens.shape[1]))
