@@ -16,8 +16,8 @@ import operator
 import numpy as np
 
 from kvnumba import errors as E
-from kvnumba._kernel_set import ready
-from kvnumba._kernels.entry import AVAILABLE, BAD, COUNT, NEEDED, STATUS
+from kvnumba._kernel_set import Lazy, ready
+from kvnumba._kernels.entry import AVAILABLE, BAD, EVICTED, NEEDED, RESULT, STATUS
 from kvnumba._state import M_ID_TAG, M_SLOT_TOP, S_FAILED, S_LOG_ON
 from kvnumba.ids import split_id
 
@@ -153,7 +153,7 @@ class CallPipeline:
         grow : callable, optional
             ``grow(result)`` makes room after ``ST_NEED_BUFFERS``; the call is then retried.
         build : callable, optional
-            Makes the call's result from the kernel's result tuple.
+            Makes the call's result from the kernel's result fields (``entry.RESULT``).
         first : tuple, optional
             The result of a first try the caller made already (without a page pool).
         **context
@@ -162,10 +162,23 @@ class CallPipeline:
         Returns
         -------
         object
-            ``build(kernel result)``, or None without ``build``.
+            ``build(result fields)``, or None without ``build``.
         """
-        kernel = ready(kernel)
+        if type(kernel) is Lazy:
+            kernel = kernel.load()
         arenas = self.arenas
+        pages = self.pages
+        if pages is None:
+            # The common case first: one try that commits, without the retry loop's closure.
+            result = kernel(*inputs, *arenas.call_args) if first is None else first
+            if result[STATUS] == 0:
+                if not atomic and arenas.scr[S_FAILED]:  # set by a partial append or admit
+                    self.failed_calls += 1
+                out = None if build is None else build(result[RESULT])
+                if self.on_evict is not None or self.events.chunks is not None:
+                    self.after_commit(out)
+                return out
+            first = result
 
         def until_buffers_fit(result=None):
             while True:
@@ -180,7 +193,6 @@ class CallPipeline:
                 grow(result)
                 result = None
 
-        pages = self.pages
         if pages is None:
             result, givers, pending = until_buffers_fit(first), (), None
         else:
@@ -191,7 +203,7 @@ class CallPipeline:
             self.fail(status, result[BAD], result[NEEDED], result[AVAILABLE], **context)
         if not atomic and arenas.scr[S_FAILED]:  # set by a partial append or admit only
             self.failed_calls += 1
-        out = None if build is None else build(result)
+        out = None if build is None else build(result[RESULT])
         if pages is None:
             self.after_commit(out)
         else:
@@ -206,7 +218,7 @@ class CallPipeline:
             kernel,
             inputs,
             grow=lambda result: arenas.grow_records(result[NEEDED]),
-            build=lambda result: int(result[COUNT]),
+            build=lambda fields: int(fields[EVICTED]),
             **named,
         )
 

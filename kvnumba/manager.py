@@ -42,6 +42,7 @@ from kvnumba._virtual_pages import PageSide
 from kvnumba.ids import new_tag
 from kvnumba.inputs import (
     CAP_NONE,
+    INT64,
     NO_TOKENS,
     UINT64,
     count_arg,
@@ -56,15 +57,7 @@ DEFAULT_MAX_SEQS = 1024
 _INT64_MAX = np.iinfo(np.int64).max
 # Building a NamedTuple from a tuple skips its keyword-argument __new__.
 _new_append_result = AppendResult._make
-
-
-def _append_result(result) -> AppendResult:
-    return _new_append_result(result[RESULT])
-
-
-def _admit_result(result) -> AdmitResult:
-    return AdmitResult._make(result[RESULT])
-
+_new_admit_result = AdmitResult._make
 
 # A copy would share nothing sound: the views alias one arena, the one-request calls its address.
 _NOT_COPYABLE = (
@@ -74,7 +67,7 @@ _NOT_COPYABLE = (
 
 
 def _geometry_property(name: str, doc: str) -> property:
-    return property(lambda self: getattr(self._geometry, name), doc=doc)
+    return property(operator.attrgetter("_geometry." + name), doc=doc)
 
 
 class BlockManager:
@@ -156,6 +149,9 @@ class BlockManager:
         self._one = OneRequest(self._pipeline, self._keys)
         # The one-request fast paths: managers without a pool (keyed admits: with engine keys).
         self._fast = page_pool is None
+        self._max_seq_len = geometry.max_seq_len  # read by every append
+        # Nothing to deliver after a commit: no eviction callback and no block events.
+        self._quiet = on_evict is None and not block_events
         self._keyed_fast = self._fast and geometry.block_keys
 
     def __copy__(self):
@@ -200,8 +196,9 @@ class BlockManager:
         """Create ``count`` (>= 0) empty sequences; returns their int64 ids
         (``TooManySequences`` if fewer slots are free).
         """
-        count = count_arg(count, "count", 0)
-        if count > self.max_seqs:  # before anything is allocated for the ids
+        if type(count) is not int or count < 0:
+            count = count_arg(count, "count", 0)
+        if count > self._geometry.max_seqs:  # before anything is allocated for the ids
             raise E.TooManySequences(count, self._facts.free_slots(), self.max_seqs)
         status, ids = self._kernels.k_new_sequences(count, *self._arenas.args)
         if status:
@@ -218,26 +215,31 @@ class BlockManager:
         ``SequenceTooLong``, ``ValueError`` or ``TypeError``; a callback that raised after the
         commit, ``CallbackError`` (``.result`` is the result).
         """
-        ids, counts = int64_vector(ids, "ids"), int64_vector(counts, "counts")
+        # C-contiguous int64 vectors pass without a call (``==``: numba's own dtype objects).
+        if not (type(ids) is np.ndarray and ids.dtype == INT64 and ids.flags.c_contiguous):
+            ids = int64_vector(ids, "ids")
+        if not (type(counts) is np.ndarray and counts.dtype == INT64 and counts.flags.c_contiguous):
+            counts = int64_vector(counts, "counts")
+        if ids.ndim != 1 or counts.ndim != 1:
+            ids, counts = int64_vector(ids, "ids"), int64_vector(counts, "counts")
         if tokens is None:
             tokens_in, has_tokens = NO_TOKENS, False
         else:
             tokens_in, has_tokens = index_array(tokens, "tokens"), True
         if atomic is not True:  # the common case skips a call
-            atomic = _flag(atomic)
-        inputs = (ids, counts, tokens_in, has_tokens, atomic, self._geometry.max_seq_len)
+            atomic = switch(atomic, "atomic")
+        inputs = (ids, counts, tokens_in, has_tokens, atomic, self._max_seq_len)
         first = None
-        if self._pages is None:
+        if self._fast:
             # The decode step commits here without the pipeline's generality; anything else
             # (a failure, more record buffers) continues in the pipeline from this result.
             first = self._kernels.k_append(*inputs, *self._arenas.args)
             if first[STATUS] == 0:
-                pipeline = self._pipeline
                 if atomic is not True and self._arenas.scr[S_FAILED]:
-                    pipeline.failed_calls += 1
+                    self._pipeline.failed_calls += 1
                 out = _new_append_result(first[RESULT])
-                if pipeline.on_evict is not None or self._keys.chunks is not None:
-                    pipeline.after_commit(out)
+                if not self._quiet:
+                    self._pipeline.after_commit(out)
                 return out
         arenas = self._arenas
         return self._pipeline.run(
@@ -245,7 +247,7 @@ class BlockManager:
             inputs,
             atomic=atomic,
             grow=lambda result: arenas.grow_records(result[NEEDED]),
-            build=_append_result,
+            build=_new_append_result,
             first=first,
             ids=ids,
             counts=counts,
@@ -288,7 +290,8 @@ class BlockManager:
             raises ``PoolExhausted``, ``SequenceTooLong``, ``TooManySequences``,
             ``ValueError`` or ``TypeError``; ``CallbackError`` as for :meth:`append`.
         """
-        atomic = _flag(atomic)
+        if atomic is not True:
+            atomic = switch(atomic, "atomic")
         keyed = keys is not None or max_hit_blocks is not None or tokens is None
         if keyed or self._geometry.block_keys:
             inputs, named = self._keys.admit_inputs(
@@ -311,7 +314,7 @@ class BlockManager:
             inputs,
             atomic=atomic,
             grow=lambda r: arenas.grow_records(min(r[NEEDED], blocks), r[NEEDED], prompts),
-            build=_admit_result,
+            build=_new_admit_result,
             **named,
         )
 
@@ -320,8 +323,11 @@ class BlockManager:
         returns their int64 ids, shape ``(len(ids), n)``.
         """
         ids = index_array(ids, "ids")
-        n = count_arg(n, "n", 1)
-        if ids.shape[0] * n > self.max_seqs:  # before anything is allocated for the children
+        if type(n) is not int or n < 1:
+            n = count_arg(n, "n", 1)
+        if (
+            ids.shape[0] * n > self._geometry.max_seqs
+        ):  # before anything is allocated for the children
             self.seq_lens(ids)  # an invalid id still takes precedence
             free = self._facts.free_slots()
             raise E.TooManySequences(ids.shape[0] * n, free, self.max_seqs)
@@ -400,11 +406,11 @@ class BlockManager:
         ``append`` and ``set_keys``, changing nothing.
         """
         if keys is None and self._fast and type(seq_id) is int and type(count) is int:
-            if 0 <= count <= self._geometry.max_seq_len:
+            if 0 <= count <= self._max_seq_len:
                 r = self._kernels.k_append_one(seq_id, count, *self._arenas.one_args)
                 if r[STATUS] == 0:
                     out = r[APPEND_ONE_RESULT]
-                    if self._pipeline.on_evict is not None or self._keys.chunks is not None:
+                    if not self._quiet:
                         self._pipeline.after_commit(out)
                     return out
         return self._one.append_one(self, seq_id, count, key_start, keys)
@@ -425,7 +431,7 @@ class BlockManager:
             and keys.dtype is UINT64
             and keys.ndim == 2
             and type(length) is int
-            and 1 <= length <= self._geometry.max_seq_len
+            and 1 <= length <= self._max_seq_len
             and type(salt) is int
         ):
             cap = CAP_NONE if max_hit_blocks is None else max_hit_blocks
@@ -433,7 +439,7 @@ class BlockManager:
                 r = self._kernels.k_admit_one_keys(length, salt, keys, cap, *self._arenas.one_args)
                 if r[STATUS] == 0:
                     out = r[ADMIT_ONE_ID], r[ADMIT_ONE_CACHED]
-                    if self._pipeline.on_evict is not None or self._keys.chunks is not None:
+                    if not self._quiet:
                         self._pipeline.after_commit(out)
                     return out
         return self._one.admit_one(self, tokens, length, salt, keys, max_hit_blocks)
@@ -491,8 +497,3 @@ class BlockManager:
         if not 0 <= block < self.num_blocks:
             raise E.InvalidPosition(f"block {block} is outside the pool of {self.num_blocks}")
         return int(self._arenas.s.ref[block])
-
-
-def _flag(value) -> bool:
-    """A keyword switch: ``True``/``False`` (numpy booleans too), nothing else."""
-    return switch(value, "atomic")

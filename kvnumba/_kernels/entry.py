@@ -60,9 +60,8 @@ from kvnumba.errors import ST_BAD_KEY_COUNT, ST_NEED_BUFFERS, ST_OK
 #: would cost the hot path).
 STATUS, BAD, NEEDED, AVAILABLE = 0, 1, 2, 3
 RESULT = slice(4, 8)
-#: ``k_evict``, ``k_reset_prefix_cache`` and ``k_set_keys``: the count after the outcome fields
-#: (blocks evicted, blocks registered).
-COUNT = 4
+#: ``k_evict`` and ``k_reset_prefix_cache``: the blocks evicted, first of the result fields.
+EVICTED = 0
 #: ``k_append_one`` / ``k_append_one_keys``: ``STATUS`` first, then the outcome fields above,
 #: then (blocks before, blocks after, cow_src, cow_dst) and the sequence's slot.
 APPEND_ONE_RESULT = slice(4, 8)
