@@ -164,9 +164,8 @@ def _announce() -> None:
     if not _announced:
         _announced = True
         log.warning(
-            "kvnumba: compiling kernels for this machine (first use: about a second per kernel, "
-            "a few for append and admit, under 20 s of CPU for all of them; cached afterwards, "
-            "and `kvnumba compile` does it ahead of time)"
+            "kvnumba: compiling kernels for this machine on first use (seconds per kernel; "
+            "cached afterwards, and `kvnumba compile` compiles all of them ahead of time)"
         )
 
 
@@ -203,8 +202,8 @@ def prepare(names=PLAIN, stream=None) -> None:
     if missing and stream is not None:
         _announced = True  # said here, not again through logging
         print(
-            f"kvnumba: compiling {len(missing)} kernels for this machine (first run only, "
-            "under 20 s of CPU; `kvnumba compile` does it ahead of time) ...",
+            f"kvnumba: compiling {len(missing)} kernels for this machine (first run only; "
+            "`kvnumba compile` does it ahead of time) ...",
             file=stream,
             flush=True,
         )
