@@ -359,10 +359,8 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
         reserved_blocks=st.sampled_from([0, 0, 1]),
         hash_bits=st.sampled_from([64, 64, 1]),
     )
-    def setup(
-        self, num_blocks, block_size, max_seqs, block_keys, prefix_caching, reserved_blocks,
-        hash_bits,
-    ):  # fmt: skip
+    def setup(self, num_blocks, block_size, max_seqs, block_keys, prefix_caching, **flags):
+        reserved_blocks, hash_bits = flags["reserved_blocks"], flags["hash_bits"]
         if not block_keys:
             # Token mode matches a chained hash, the salt and the block's tokens, not the
             # parent: a forced collision may hit a block the model (exact chain) does not.

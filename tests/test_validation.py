@@ -177,9 +177,11 @@ def test_salts_length_mismatch(busy, assert_unchanged, salts):
 
 
 # --------------------------------------------------------------------------------------- fork
-@pytest.mark.parametrize(("n", "exc"), [(0, ValueError), (-1, ValueError), (1.5, TypeError),
-                                        (2.0, TypeError), ("2", TypeError), (None, TypeError),
-                                        (True, TypeError)])  # fmt: skip
+BAD_N = [(0, ValueError), (-1, ValueError), (1.5, TypeError), (2.0, TypeError)]
+BAD_N += [("2", TypeError), (None, TypeError), (True, TypeError)]
+
+
+@pytest.mark.parametrize(("n", "exc"), BAD_N)
 def test_fork_bad_n(busy, assert_unchanged, n, exc):
     mgr, a, c, _ = busy
     assert_unchanged(mgr, lambda: mgr.fork([a], n), exc)
@@ -195,8 +197,11 @@ def test_fork_accepts_numpy_integer_n(busy):
 
 
 # ------------------------------------------------------------------------ new_sequences count
-@pytest.mark.parametrize(("count", "exc"), [(-1, ValueError), (1.0, TypeError), ("1", TypeError),
-                                            (None, TypeError), ([1], TypeError)])  # fmt: skip
+BAD_COUNT = [(-1, ValueError), (1.0, TypeError), ("1", TypeError), (None, TypeError)]
+BAD_COUNT += [([1], TypeError)]
+
+
+@pytest.mark.parametrize(("count", "exc"), BAD_COUNT)
 def test_new_sequences_bad_count(busy, assert_unchanged, count, exc):
     mgr, *_ = busy
     assert_unchanged(mgr, lambda: mgr.new_sequences(count), exc)
