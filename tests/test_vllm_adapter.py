@@ -182,3 +182,51 @@ def test_reset_refused_while_blocks_are_held():
         m.allocate_slots(r, 2 * BS)
     assert not ref.reset_prefix_cache() and not kvn.reset_prefix_cache()
     _same_view(ref, kvn)
+
+
+def _fill(ref, kvn, rid: str, blocks: int) -> tuple[Request, Request]:
+    """A running request holding ``blocks`` fresh blocks in both managers (unique tokens)."""
+    tokens = [10_000 * ord(rid[0]) + i for i in range(blocks * BS)]
+    pair = (_request(rid, tokens), _request(rid, tokens))
+    for m, r in zip((ref, kvn), pair, strict=True):
+        assert m.allocate_slots(r, blocks * BS) is not None
+        r.status = RequestStatus.RUNNING
+        r.num_computed_tokens = blocks * BS
+    return pair
+
+
+@pytest.mark.parametrize("spare", [-1, 0, 1])
+def test_one_free_block_decides_an_admission(spare):
+    # 10 blocks, the null block never free: 9 usable. A holds 6, so 3 are free, and the new
+    # request asks for 3 + spare: it fits exactly when spare <= 0, in both managers.
+    ref, kvn = _managers(10)
+    _fill(ref, kvn, "a", 6)
+    free = ref.block_pool.get_num_free_blocks()
+    assert free == kvn.block_pool.get_num_free_blocks() == 3
+    tokens = [70_000 + i for i in range((free + spare) * BS)]
+    pair = (_request("b", tokens), _request("b", tokens))
+    got = [m.allocate_slots(r, len(tokens)) for m, r in zip((ref, kvn), pair, strict=True)]
+    assert (got[0] is None) == (spare > 0)
+    assert (got[1] is None) == (spare > 0), "kvnumba decides the last free block otherwise"
+    _same_view(ref, kvn)
+
+
+@pytest.mark.parametrize("spare", [-1, 0, 1])
+def test_one_free_block_decides_a_decode_step(spare):
+    # A decode step that crosses into new blocks (lookahead slots) when exactly ``1 + spare``
+    # more blocks than are free would be needed.
+    ref, kvn = _managers(10)
+    a = _fill(ref, kvn, "a", 4)
+    _fill(ref, kvn, "b", 3)
+    free = ref.block_pool.get_num_free_blocks()
+    assert free == kvn.block_pool.get_num_free_blocks() == 2
+    lookahead = (free + spare) * BS - 1  # one sampled token plus these fill free + spare blocks
+    got = []
+    for m, r in zip((ref, kvn), a, strict=True):
+        r.append_output_token_ids(5)
+        got.append(m.allocate_slots(r, 1, num_lookahead_tokens=lookahead))
+    assert (got[0] is None) == (spare > 0)
+    assert (got[1] is None) == (spare > 0), "kvnumba decides the last free block otherwise"
+    if got[0] is not None:
+        assert len(got[0].blocks[0]) == len(got[1].blocks[0]) == free + spare
+    _same_view(ref, kvn)
