@@ -56,10 +56,13 @@ class OneRequest:
         g = self.arenas.geometry
         self.block_size, self.max_seq_len = g.block_size, g.max_seq_len
 
-    def append_one(self, manager, seq_id, count, key_start, keys) -> tuple[int, int, int, int]:
-        """``BlockManager.append_one`` past its fast path."""
+    def append_one(
+        self, manager, seq_id, count, key_start, keys, tried=False
+    ) -> tuple[int, int, int, int]:
+        """``BlockManager.append_one`` past its fast path (``tried``: the manager's own try of
+        ``k_append_one`` failed, so the batched call serves it)."""
         seq_id, count = as_int(seq_id, "seq_id"), as_int(count, "count")
-        fast = self.pipeline.pages is None and 0 <= count <= self.max_seq_len
+        fast = not tried and self.pipeline.pages is None and 0 <= count <= self.max_seq_len
         if keys is not None:
             if not self.block_keys:
                 raise ValueError("keys need a manager built with block_keys=True")

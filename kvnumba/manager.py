@@ -392,9 +392,7 @@ class BlockManager:
     take_events = part_call("_keys", EngineKeys.take_events)
     lookup_one = part_call("_one", OneRequest.lookup_one)
 
-    pending_events = property(
-        lambda self: self._keys.pending, doc="Whether :meth:`take_events` would return events."
-    )
+    pending_events = property(lambda self: self._keys.pending, doc="Whether events wait.")
 
     # ---------------------------------------------------------------------- one request
     def append_one(self, seq_id, count, *, key_start=0, keys=None) -> tuple[int, int, int, int]:
@@ -413,6 +411,7 @@ class BlockManager:
                     if not self._quiet:
                         self._pipeline.after_commit(out)
                     return out
+                return self._one.append_one(self, seq_id, count, key_start, keys, tried=True)
         return self._one.append_one(self, seq_id, count, key_start, keys)
 
     def admit_one(
