@@ -10,7 +10,12 @@ import pytest
 
 from kvnumba._engine_keys import hash_to_key
 from kvnumba.integrations.engine_keys import hash_from_key, keys_from_hashes
-from kvnumba.integrations.vllm_version import OVERRIDE_ENV, SUPPORTED_VLLM, check_vllm_version
+from kvnumba.integrations.vllm_version import (
+    OVERRIDE_ENV,
+    SUPPORTED_RANGE,
+    check_vllm_version,
+    release_of,
+)
 
 
 def _digests(n: int, width: int) -> list[bytes]:
@@ -39,20 +44,27 @@ def test_keys_refuse_long_mixed_or_empty_digests(bad):
         keys_from_hashes(bad)
 
 
-def test_version_check_accepts_the_supported_release(monkeypatch):
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.32.3", "0.33.0", "0.33.1+cu130"])
+def test_version_check_accepts_every_release_of_the_supported_lines(monkeypatch, version):
     monkeypatch.delenv(OVERRIDE_ENV, raising=False)
-    check_vllm_version(SUPPORTED_VLLM)
-    check_vllm_version(SUPPORTED_VLLM + "+cpu")
+    check_vllm_version(version)
 
 
-def test_version_check_names_both_versions_and_the_override(monkeypatch):
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "0.3.3"])
+def test_version_check_names_the_range_the_version_and_the_override(monkeypatch, version):
     monkeypatch.delenv(OVERRIDE_ENV, raising=False)
     with pytest.raises(ImportError) as info:
-        check_vllm_version("0.34.0")
+        check_vllm_version(version)
     message = str(info.value)
-    assert SUPPORTED_VLLM in message and "0.34.0" in message and OVERRIDE_ENV in message
+    assert SUPPORTED_RANGE in message and version in message and OVERRIDE_ENV in message
     monkeypatch.setenv(OVERRIDE_ENV, "1")
-    check_vllm_version("0.34.0")
+    check_vllm_version(version)
+
+
+def test_release_line_of_a_version():
+    assert release_of("0.32.0+cpu") == "0.32"
+    assert release_of("0.33.12") == "0.33"
+    assert release_of("0.33") == "0.33"
 
 
 def test_version_check_without_vllm():
@@ -64,7 +76,7 @@ def test_importing_the_adapter_without_vllm_says_which_vllm():
     try:
         import vllm  # noqa: F401
     except ImportError:
-        with pytest.raises(ImportError, match="needs vLLM 0.33.0"):
+        with pytest.raises(ImportError, match="needs vLLM 0.32.x-0.33.x"):
             import kvnumba.integrations.vllm  # noqa: F401
     else:
         pytest.skip("vLLM is installed here; the adapter is tested by scripts/vllm_env.sh compare")

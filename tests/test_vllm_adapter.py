@@ -1,4 +1,4 @@
-"""kvnumba's vLLM adapter against vLLM's own manager, call for call (needs vLLM 0.33.0).
+"""kvnumba's vLLM adapter against vLLM's own manager, call for call (needs vLLM 0.32-0.33).
 
 Skipped without vLLM; ``scripts/vllm_env.sh compare`` runs it in the vLLM test environment
 (``--noconftest``: that environment has no hypothesis). The randomized test drives vLLM's
@@ -17,9 +17,11 @@ import random
 
 import pytest
 
+from kvnumba.integrations.vllm_version import SUPPORTED_RELEASES, release_of  # noqa: E402
+
 vllm = pytest.importorskip("vllm")
-if vllm.__version__.split("+")[0] != "0.33.0":
-    pytest.skip("the adapter is written for vLLM 0.33.0", allow_module_level=True)
+if release_of(vllm.__version__) not in SUPPORTED_RELEASES:
+    pytest.skip("the adapter is written for vLLM 0.32.x-0.33.x", allow_module_level=True)
 
 import torch  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402

@@ -1,16 +1,21 @@
-"""The vLLM release ``kvnumba.integrations.vllm`` is written against, and the check of it.
+"""The vLLM releases ``kvnumba.integrations.vllm`` is written against, and the check of them.
 
 The adapter reaches into vLLM's scheduler-facing interface (``KVCacheManager``'s constructor,
 its ``coordinator`` and ``block_pool``, the event and stats types), which changes between vLLM
-releases without notice, so any other version is refused at import time rather than
-misbehaving at run time.
+releases without notice. The supported release lines are each proven by their own vLLM tests;
+any other version is refused at import time rather than misbehaving at run time. What differs
+between the supported lines lives in ``kvnumba.integrations.vllm._compat``.
 """
 
 from __future__ import annotations
 
 import os
 
-SUPPORTED_VLLM = "0.33.0"
+SUPPORTED_RELEASES = ("0.32", "0.33")
+"""``major.minor`` of the supported vLLM release lines (any patch release of each)."""
+
+SUPPORTED_RANGE = "0.32.x-0.33.x"
+"""The supported lines as one phrase for messages."""
 
 # Set to 1 to import the adapter under another vLLM version anyway (at your own risk: for
 # trying a new release, never for serving).
@@ -22,8 +27,13 @@ def base_version(version: str) -> str:
     return version.split("+", 1)[0]
 
 
+def release_of(version: str) -> str:
+    """The release line (``major.minor``) of ``version`` (``0.32.1+cpu`` -> ``0.32``)."""
+    return ".".join(base_version(version).split(".")[:2])
+
+
 def check_vllm_version(version: str | None) -> None:
-    """Raise ``ImportError`` unless ``version`` is the supported vLLM release.
+    """Raise ``ImportError`` unless ``version`` is of a supported vLLM release line.
 
     Parameters
     ----------
@@ -33,19 +43,19 @@ def check_vllm_version(version: str | None) -> None:
     Raises
     ------
     ImportError
-        With a message naming the supported version, the found one and the override.
+        With a message naming the supported range, the found version and the override.
     """
     if version is None:
         raise ImportError(
-            f"kvnumba.integrations.vllm needs vLLM {SUPPORTED_VLLM}, which is not installed "
-            "(install it the CPU way: scripts/vllm_env.sh build, see docs/vllm.md)"
+            f"kvnumba.integrations.vllm needs vLLM {SUPPORTED_RANGE}, which is not installed "
+            "(a CPU-only build: scripts/vllm_env.sh build, see docs/vllm.md)"
         )
-    if base_version(version) == SUPPORTED_VLLM:
+    if release_of(version) in SUPPORTED_RELEASES:
         return
     if os.environ.get(OVERRIDE_ENV) == "1":
         return
     raise ImportError(
-        f"kvnumba.integrations.vllm supports vLLM {SUPPORTED_VLLM} only, found vLLM {version}: "
-        f"its KVCacheManager interface is version-specific. Install vllm=={SUPPORTED_VLLM}, or "
+        f"kvnumba.integrations.vllm supports vLLM {SUPPORTED_RANGE}, found vLLM {version}: "
+        f"its KVCacheManager interface is release-specific. Install a supported release, or "
         f"set {OVERRIDE_ENV}=1 to try this version anyway (untested)."
     )

@@ -1,24 +1,24 @@
-"""kvnumba as vLLM 0.33.0's KV cache manager.
+"""kvnumba as the KV cache manager of vLLM 0.32.x and 0.33.x.
 
 :class:`KVNumbaKVCacheManager` has the constructor and the scheduler-facing interface of vLLM's
 ``KVCacheManager`` for one full-attention KV cache group, backed by a
 :class:`kvnumba.BlockManager`; :class:`KVNumbaScheduler` is vLLM's ``Scheduler`` building it
 (``--scheduler-cls kvnumba.integrations.vllm.KVNumbaScheduler``) and falling back to vLLM's own
 manager, with a warning, for what it does not support. ``docs/vllm.md`` maps vLLM's calls to
-kvnumba's. Importing this package with a vLLM other than 0.33.0 raises ``ImportError``
-(:mod:`kvnumba.integrations.vllm_version`).
+kvnumba's. Importing this package with a vLLM outside those release lines raises
+``ImportError`` (:mod:`kvnumba.integrations.vllm_version`).
 """
 
 from __future__ import annotations
 
-from kvnumba.integrations.vllm_version import check_vllm_version
+from kvnumba.integrations.vllm_version import SUPPORTED_RANGE, check_vllm_version
 
 try:
     import vllm as _vllm
 except ImportError as exc:  # say which vLLM is needed, keep the cause
     raise ImportError(
-        "kvnumba.integrations.vllm needs vLLM 0.33.0, which is not importable "
-        "(install it the CPU way: scripts/vllm_env.sh build)"
+        f"kvnumba.integrations.vllm needs vLLM {SUPPORTED_RANGE}, which is not importable "
+        "(a CPU-only build: scripts/vllm_env.sh build, see docs/vllm.md)"
     ) from exc
 
 check_vllm_version(getattr(_vllm, "__version__", None))

@@ -13,12 +13,12 @@ from __future__ import annotations
 from vllm.distributed.kv_events import MEDIUM_GPU, BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_utils import (
     generate_block_hash_extra_keys,
-    generate_lookahead_block_hash_extra_keys,
     maybe_convert_block_hash,
     to_event_extra_keys,
 )
 
 from kvnumba.integrations.engine_keys import hash_from_key
+from kvnumba.integrations.vllm import _compat
 
 STORED = 1  # kvnumba's event kinds (take_events().kind)
 REMOVED = 2
@@ -54,7 +54,7 @@ def block_stored(
     for pos in range(first, stop):
         start, end = pos * block_size, (pos + 1) * block_size
         if lookahead:
-            keys, mm_idx = generate_lookahead_block_hash_extra_keys(
+            keys, mm_idx = _compat.lookahead_extra_keys(
                 request, start, end, end + lookahead, mm_idx
             )
             ahead.append(tokens[end : end + lookahead])
@@ -74,7 +74,7 @@ def block_stored(
         group_idx=0,
         kv_cache_spec_kind=kind,
         session_id=request.session_id,
-        lookahead_token_ids=ahead,
+        **_compat.stored_event_fields(ahead),
     )
 
 

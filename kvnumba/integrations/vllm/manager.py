@@ -1,4 +1,4 @@
-"""``KVNumbaKVCacheManager``: vLLM 0.33.0's ``KVCacheManager`` interface over kvnumba.
+"""``KVNumbaKVCacheManager``: the ``KVCacheManager`` interface of vLLM 0.32.x-0.33.x over kvnumba.
 
 One vLLM request is one kvnumba sequence, created by ``admit`` on the request's first
 ``allocate_slots`` and released by ``free``. The sequence holds ``ceil(slots / block_size)``

@@ -1,0 +1,69 @@
+"""What differs between the vLLM releases the adapter supports, in one place.
+
+The adapter is written against vLLM's newest supported release. An older release lacks some
+names; each difference is one entry of :class:`Release`, chosen by the imported vLLM's version
+(an unknown, newer version gets the newest entry), and every other module reads the names it
+needs from here instead of importing them conditionally.
+
+====================  ====================================================================
+difference            releases
+====================  ====================================================================
+hash lookahead        0.33: blocks may be hashed over tokens past their end
+                      (``num_hash_lookahead_tokens``); ``BlockStored`` carries
+                      ``lookahead_token_ids`` and event extra keys come from
+                      ``generate_lookahead_block_hash_extra_keys``. 0.32: neither exists,
+                      and vLLM never asks the manager for lookahead.
+====================  ====================================================================
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import vllm
+from vllm.v1.core import kv_cache_utils
+
+from kvnumba.integrations.vllm_version import release_of
+
+
+class Release(NamedTuple):
+    """The interface differences of one vLLM release line."""
+
+    name: str
+    """``major.minor`` of the line."""
+    hash_lookahead: bool
+    """Whether blocks may be hashed over tokens past their end (and events say so)."""
+
+
+RELEASES = {
+    "0.32": Release("0.32", hash_lookahead=False),
+    "0.33": Release("0.33", hash_lookahead=True),
+}
+NEWEST = RELEASES["0.33"]
+
+RELEASE: Release = RELEASES.get(release_of(vllm.__version__), NEWEST)
+
+# None where the release has no hash lookahead (block_stored never calls it there).
+lookahead_extra_keys = (
+    kv_cache_utils.generate_lookahead_block_hash_extra_keys if RELEASE.hash_lookahead else None
+)
+
+
+def stored_event_fields(lookahead_token_ids: list[list[int]] | None) -> dict:
+    """Keyword arguments of ``BlockStored`` that only some releases have.
+
+    Parameters
+    ----------
+    lookahead_token_ids : list of list of int or None
+        Tokens after each stored block covered by its hash (None: no lookahead hashing).
+
+    Returns
+    -------
+    dict
+        ``{"lookahead_token_ids": ...}`` on releases with hash lookahead, else empty.
+    """
+    if RELEASE.hash_lookahead:
+        return {"lookahead_token_ids": lookahead_token_ids}
+    if lookahead_token_ids is not None:
+        raise ValueError(f"vLLM {RELEASE.name} has no hash lookahead to report")
+    return {}
