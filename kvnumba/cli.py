@@ -9,7 +9,7 @@ USAGE = """usage: kvnumba {simulate,sweep,bench,compile} [options]
   simulate   replay a serving trace through the block manager (default: embedded Mooncake trace)
   sweep      run a grid of simulations (traces x pool sizes x ...) on Dask, tabulate and plot
   bench      run the standard workloads against kvnumba and the pure-Python reference
-  compile    compile every kernel ahead of time into numba's cache (for images and CI)
+  compile    compile the kernels ahead of time into numba's cache (for images and CI)
 
 Run 'kvnumba COMMAND --help' for the options of one command."""
 
@@ -64,17 +64,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compile(args: list[str]) -> int:
-    """``kvnumba compile``: compile (or load) every kernel, printing CPU seconds per kernel."""
-    if args:
-        print("usage: kvnumba compile  (no options)", file=sys.stderr)
-        return 0 if args[0] in ("-h", "--help") else 2
+    """``kvnumba compile``: compile (or load) the kernels, printing CPU seconds per kernel."""
+    import argparse
     import time
 
+    parser = argparse.ArgumentParser(
+        prog="kvnumba compile",
+        description="Compile kvnumba's kernels ahead of time into numba's cache (for images "
+        "and CI): every kernel, or with --engine only those an engine's KV cache manager uses "
+        "(kvnumba.integrations.vllm).",
+    )
+    parser.add_argument(
+        "--engine", action="store_true", help="only the kernels an engine's manager uses"
+    )
+    parser.add_argument("--quiet", action="store_true", help="print nothing")
+    options = parser.parse_args(args)
+
     from kvnumba import kernels
-    from kvnumba.kernels import compile_all
+    from kvnumba.integrations.vllm_compile import compile_lock
 
     kernels._announced = True  # this command is the ahead-of-time compile: no hint to run it
-    start = time.process_time()
-    compile_all(progress=lambda name, s: print(f"{name:22s} {s:6.1f} s", flush=True))
-    print(f"all kernels: {time.process_time() - start:.1f} s of CPU")
+    names = kernels.ENGINE if options.engine else tuple(kernels.SIGNATURES)
+
+    def progress(name, seconds):
+        if not options.quiet:
+            print(f"{name:22s} {seconds:6.1f} s", flush=True)
+
+    # One compile at a time per cache: a vLLM start may launch this from several processes.
+    with compile_lock():
+        start = time.process_time()
+        kernels.compile_all(names, progress=progress)
+    if not options.quiet:
+        what = "engine kernels" if options.engine else "all kernels"
+        print(f"{what}: {time.process_time() - start:.1f} s of CPU")
     return 0

@@ -14,7 +14,7 @@ import time
 
 from numba.core import config, types
 
-from kvnumba._kernels import _cache_dirs, ensure_fresh_cache, entry
+from kvnumba._kernels import _cache_dirs, check_cache_once, ensure_fresh_cache, entry
 from kvnumba._kernels.jit import compile_paged_twins
 
 log = logging.getLogger("kvnumba")
@@ -107,9 +107,6 @@ WITH_PAGES = frozenset(
         "k_evict_paged",
         "k_reset_prefix_cache_paged",
         "k_give_up",
-        "k_admit_keys",
-        "k_admit_one",
-        "k_admit_one_keys",
         "k_truncate",
         "k_evict",
         "k_reset_prefix_cache",
@@ -158,14 +155,25 @@ def is_cached(name: str) -> bool:
     return any(any(d.glob(f"entry.{name}-*.nbi")) for d in _cache_dirs())
 
 
+def uncached(names) -> list[str]:
+    """The kernels of ``names`` that must be compiled before they run in this process.
+
+    A cache compiled from other sources is dropped first (once per process), so a kernel it
+    held counts as uncached.
+    """
+    check_cache_once()
+    return [name for name in names if not is_cached(name)]
+
+
 def _announce() -> None:
     """Say once per process that kernels are being compiled (a first run takes a while)."""
     global _announced
     if not _announced:
         _announced = True
         log.warning(
-            "kvnumba: compiling kernels for this machine on first use (seconds per kernel; "
-            "cached afterwards, and `kvnumba compile` compiles all of them ahead of time)"
+            "kvnumba: compiling kernels for this machine on first use (up to half a minute of "
+            "CPU each on older numba releases; cached afterwards, and `kvnumba compile` "
+            "compiles all of them ahead of time)"
         )
 
 
@@ -191,6 +199,20 @@ def compile_all(names=None, progress=None) -> dict[str, float]:
 
 #: The kernels of a manager without a page pool (what the simulator and the benchmarks use).
 PLAIN = tuple(name for name in SIGNATURES if name not in PAGED and name not in LAZY)
+
+#: The kernels an engine's one-request calls use (``kvnumba.integrations.vllm``): the lookup,
+#: admission and growth of one request with engine keys, key registration, release, and the
+#: batched calls a failed one-request call falls back to (so that the first preemption does not
+#: compile). ``kvnumba compile --engine`` compiles just these.
+ENGINE = (
+    "k_lookup_one_keys",
+    "k_admit_one_keys",
+    "k_append_one",
+    "k_set_keys",
+    "k_release",
+    "k_append",
+    "k_admit_keys",
+)
 
 
 def prepare(names=PLAIN, stream=None) -> None:

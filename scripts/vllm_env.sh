@@ -311,7 +311,7 @@ run_tests() {
     fi
     build
     test_env
-    export KVNUMBA_VLLM_DESELECT=$deselect PYTHONPATH="$PYTHONPATH:$HERE"
+    export KVNUMBA_VLLM_DESELECT=$deselect PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$HERE"
     local junit
     junit=$(mktemp --suffix=.xml)
     local t0 rc=0
@@ -352,7 +352,7 @@ compare_tests() {
     local out=$CACHE/compare
     mkdir -p "$out"
     install_kvnumba >"$out/install.log" 2>&1 || { cat "$out/install.log" >&2; die "install failed"; }
-    export KVNUMBA_VLLM_DESELECT=$LISTS/not_applicable.txt PYTHONPATH="$PYTHONPATH:$HERE"
+    export KVNUMBA_VLLM_DESELECT=$LISTS/not_applicable.txt PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$HERE"
     # kvnumba's own adapter tests first: call for call against vLLM's manager (seconds).
     local adapter_rc=0
     log "adapter vs vLLM's manager (log: $out/adapter.log)"
@@ -369,7 +369,7 @@ compare_tests() {
         -p kvnumba.integrations.vllm.pytest_plugin -q -rfX --junitxml="$out/kvnumba.xml" \
         "${TEST_FILES[@]}" "$@") >"$out/kvnumba.log" 2>&1 || rc=$?
     grep -E '^kvnumba-vllm:|^(FAILED|ERROR|XPASS) ' "$out/kvnumba.log" >&2 || true
-    python - "$out/native.xml" "$out/kvnumba.xml" "$rc" "$adapter_rc" <<'PY'
+    python - "$out/native.xml" "$out/kvnumba.xml" "$rc" "$adapter_rc" "$VLLM_VERSION" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
 
@@ -382,7 +382,7 @@ def outcomes(path):
 
 native, kvn = outcomes(sys.argv[1]), outcomes(sys.argv[2])
 failed = sorted(t for t, k in kvn.items() if k in ("failure", "error"))
-print(f"vllm-tests: {sum(k == 'passed' for k in kvn.values())} passed with kvnumba, "
+print(f"vllm-tests ({sys.argv[5]}): {sum(k == 'passed' for k in kvn.values())} passed with kvnumba, "
       f"{sum(k == 'passed' for k in native.values())} passed native, of {len(native)} selected")
 bad = bool(failed) or set(native) != set(kvn) or int(sys.argv[3]) not in (0, 1)
 bad = bad or int(sys.argv[4]) != 0  # the adapter's own tests
@@ -408,7 +408,7 @@ bench)
     test_env
     # The checkout on PYTHONPATH wins over any editable install in the shared venv, so a
     # benchmark measures the kvnumba it names, whatever another worktree installed.
-    export PYTHONPATH="$PYTHONPATH:${KVNUMBA_SRC:-$ROOT}"
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}${KVNUMBA_SRC:-$ROOT}"
     exec python "$ROOT/benchmarks/vllm_bench.py" "$@"
     ;;
 compare) shift; compare_tests "$@" ;;

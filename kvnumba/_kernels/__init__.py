@@ -61,13 +61,18 @@ def drop_stale_cache() -> int:
 _checked = False
 
 
-def ensure_fresh_cache() -> None:
-    """Before the first kernel of a process is loaded: run :func:`drop_stale_cache` once, then
-    compile (or load) the helpers that state their signatures (``jit.compile_stated``)."""
+def check_cache_once() -> None:
+    """Run :func:`drop_stale_cache` once per process."""
     global _checked
     if not _checked:
         _checked = True
         drop_stale_cache()
+
+
+def ensure_fresh_cache() -> None:
+    """Before the first kernel of a process is loaded: run :func:`drop_stale_cache` once, then
+    compile (or load) the helpers that state their signatures (``jit.compile_stated``)."""
+    check_cache_once()
     from kvnumba._kernels.jit import compile_stated
 
     compile_stated()

@@ -239,7 +239,7 @@ def k_admit_keys(
     """``admit`` with engine keys (``block_keys``); ``caps`` holds every prompt's hit cap."""
     prompts = PromptInputs(tokens_in, lengths, salts, has_tokens, atomic)
     key_rows = KeyRows(keys, key_counts)
-    return _admit(prompts, key_rows, caps, arena, scratch, with_pages(scratch))
+    return _admit(prompts, key_rows, caps, arena, scratch, scratch)
 
 
 @njit(cache=True)
@@ -533,7 +533,7 @@ def _admit_one(tokens_in, length, salt, has_tokens, keys, cap, arena, scratch):
     check = validate_admit(prompts, key_rows, caps, np.bool_(True), arena, scratch)
     if check.status != ST_OK:
         return check.status, -1, 0
-    pool = with_pages(scratch)
+    pool = scratch
     outcome = run_admit(prompts, key_rows, caps, check.bound, results, arena, scratch, pool)
     return outcome.status, results.ids[0], results.num_cached_tokens[0]
 

@@ -14,6 +14,7 @@ hits, and the keys of the blocks that become full and final are registered with 
 from __future__ import annotations
 
 import numpy as np
+from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
 from vllm.v1.metrics.stats import PrefixCacheStats
@@ -26,7 +27,10 @@ from kvnumba.integrations.vllm._maintenance import CacheMaintenance
 from kvnumba.integrations.vllm._unserved import UnservedFeatureSteps
 from kvnumba.integrations.vllm._views import BlockPoolView, CoordinatorView
 from kvnumba.integrations.vllm.support import manager_fallback_reason
+from kvnumba.integrations.vllm_compile import load_engine_kernels
 from kvnumba.state import BlockFlag, Meta, slot_mask
+
+logger = init_logger(__name__)
 
 _NO_KEYS = np.zeros((0, 4), dtype=np.uint64)
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -134,6 +138,8 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             )
         if max_seqs is None:
             max_seqs = min(num_blocks - 1, 1024)
+        # Compiled or loaded now, not at the first step (see vllm_compile).
+        load_engine_kernels(logger)
         self.kvnumba = kvnumba.BlockManager(
             num_blocks,
             self.block_size,

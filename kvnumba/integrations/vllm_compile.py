@@ -1,0 +1,153 @@
+"""Compiling the kernels kvnumba's vLLM manager uses before vLLM needs them.
+
+On a machine whose numba cache does not hold them yet, the engine path's kernels
+(:data:`kvnumba.kernels.ENGINE`) take a while to compile, longer on the numba vLLM pins. Two ways
+keep that out of a vLLM start:
+
+- ahead of time: ``kvnumba compile --engine`` (for images: run it where the engine will run,
+  with the same ``NUMBA_CACHE_DIR``);
+- while vLLM loads the model: vLLM loads its ``vllm.general_plugins`` entry points at the start
+  of the engine process, before the model; kvnumba's (:func:`plugin`) starts
+  ``kvnumba compile --engine`` in a child process there, and the manager waits for it
+  (:func:`wait_for_compile`) before loading the kernels from the cache.
+
+The plugin compiles in a child process because the engine's own process must not load numba
+before vLLM's CPU worker starts, and so that the compile takes the GIL of no engine thread. It
+runs when ``KVNUMBA_VLLM_PRECOMPILE`` is ``1``, or, unset, when the command line names kvnumba
+(``--scheduler-cls kvnumba.integrations.vllm.KVNumbaScheduler``); ``0`` turns it off. This
+module imports neither numba nor vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger("kvnumba")
+
+PRECOMPILE_ENV = "KVNUMBA_VLLM_PRECOMPILE"
+
+_child: subprocess.Popen | None = None
+_ready = False  # the engine kernels are loaded in this process
+
+
+def lock_path() -> Path:
+    """The lock a compile of the engine kernels holds, one per numba cache location."""
+    where = os.environ.get("NUMBA_CACHE_DIR") or str(Path(__file__).resolve().parents[1])
+    digest = hashlib.sha256(where.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"kvnumba-compile-{os.getuid()}-{digest}.lock"
+
+
+@contextlib.contextmanager
+def compile_lock(exclusive: bool = True) -> Iterator[None]:
+    """Hold the compile lock (shared: wait until no compile holds it)."""
+    with open(lock_path(), "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def wanted(argv: list[str] | None = None, environ=None) -> bool:
+    """Whether the plugin should compile in the background (see the module docstring).
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The command line (default ``sys.argv``).
+    environ : mapping, optional
+        The environment (default ``os.environ``).
+    """
+    environ = os.environ if environ is None else environ
+    setting = environ.get(PRECOMPILE_ENV, "")
+    if setting in ("0", "1"):
+        return setting == "1"
+    return any("kvnumba" in arg for arg in (sys.argv if argv is None else argv))
+
+
+def start_background_compile() -> subprocess.Popen:
+    """Start ``kvnumba compile --engine`` in a child process (once per process).
+
+    Returns
+    -------
+    subprocess.Popen
+        The child; :func:`wait_for_compile` waits for it.
+    """
+    global _child
+    if _child is None:
+        _child = subprocess.Popen(
+            [sys.executable, "-m", "kvnumba", "compile", "--engine", "--quiet"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+    return _child
+
+
+def plugin() -> None:
+    """vLLM's ``vllm.general_plugins`` entry point: start the background compile if wanted.
+
+    vLLM may call it in several processes (front end, engine, workers); each starts at most one
+    child, and the children compile one at a time (:func:`compile_lock`), so the later ones only
+    load what the first compiled.
+    """
+    if wanted():
+        start_background_compile()
+
+
+def wait_for_compile() -> float:
+    """Wait for a background compile of this process or any other; returns the seconds waited."""
+    start = time.perf_counter()
+    if _child is not None and _child.poll() is None:
+        log.warning("kvnumba: waiting for the background compile of the engine kernels")
+        _child.wait()
+    with compile_lock(exclusive=False):
+        pass
+    return time.perf_counter() - start
+
+
+def load_engine_kernels(logger: logging.Logger = log) -> None:
+    """Make the engine kernels ready in this process before the scheduler's first step.
+
+    Waits for a background compile (:func:`plugin`), then compiles or loads
+    :data:`kvnumba.kernels.ENGINE`. Logs one line when it waited or had to compile, with the
+    seconds it took.
+
+    Parameters
+    ----------
+    logger : logging.Logger, optional
+        Where the line goes (vLLM's adapter passes its own logger).
+    """
+    global _ready
+    if _ready:
+        return
+    waited = wait_for_compile()
+    from kvnumba import kernels
+
+    missing = kernels.uncached(kernels.ENGINE)
+    if missing:
+        kernels._announced = True  # said here, with the engine's numbers
+        logger.warning(
+            "kvnumba: compiling %d kernels of its vLLM manager for this machine (first start "
+            "only, cached afterwards; `kvnumba compile --engine` does it ahead of time, "
+            "%s=1 while vLLM loads the model)",
+            len(missing),
+            PRECOMPILE_ENV,
+        )
+    start = time.process_time()
+    with compile_lock():
+        kernels.compile_all(kernels.ENGINE)
+    _ready = True
+    if missing:
+        logger.warning("kvnumba: compiled in %.1f s of CPU", time.process_time() - start)
+    elif waited >= 0.1:
+        logger.warning("kvnumba: waited %.1f s for the background compile", waited)

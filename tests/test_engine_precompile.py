@@ -1,0 +1,81 @@
+"""The engine kernels compile ahead of time or in the background, and the manager waits for them.
+
+``kvnumba.integrations.vllm_compile`` imports neither numba nor vLLM, so these run anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from kvnumba import kernels
+from kvnumba.integrations import vllm_compile
+from kvnumba.integrations.vllm_compile import PRECOMPILE_ENV, compile_lock, wanted
+
+
+@pytest.mark.parametrize(
+    ("setting", "argv", "expected"),
+    [
+        ("1", ["vllm", "serve", "m"], True),
+        ("0", ["vllm", "serve", "m", "--scheduler-cls", "kvnumba.integrations.vllm.X"], False),
+        (None, ["vllm", "serve", "m", "--scheduler-cls", "kvnumba.integrations.vllm.X"], True),
+        (None, ["vllm", "serve", "m"], False),
+        ("", ["python", "bench.py"], False),
+    ],
+)
+def test_the_background_compile_runs_when_asked_or_kvnumba_is_named(setting, argv, expected):
+    environ = {} if setting is None else {PRECOMPILE_ENV: setting}
+    assert wanted(argv, environ) is expected
+
+
+def test_engine_kernels_are_entry_kernels():
+    assert set(kernels.ENGINE) <= set(kernels.SIGNATURES)
+    assert not set(kernels.ENGINE) & kernels.PAGED
+
+
+def test_waiting_blocks_while_a_compile_holds_the_lock():
+    returned = threading.Event()
+    with compile_lock():
+        waiter = threading.Thread(target=lambda: (vllm_compile.wait_for_compile(), returned.set()))
+        waiter.start()
+        time.sleep(0.3)
+        assert not returned.is_set()
+    waiter.join(timeout=10)
+    assert returned.is_set()
+
+
+def test_the_lock_is_one_per_cache_location(monkeypatch, tmp_path):
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "a"))
+    first = vllm_compile.lock_path()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "b"))
+    assert vllm_compile.lock_path() != first
+
+
+def test_background_compile_fills_the_cache_and_the_manager_waits_for_it(monkeypatch):
+    # The suite's NUMBA_CACHE_DIR (conftest) is the child's too.
+    monkeypatch.setattr(vllm_compile, "_child", None)
+    monkeypatch.setattr(vllm_compile, "_ready", False)
+    child = vllm_compile.start_background_compile()
+    assert vllm_compile.start_background_compile() is child  # one child per process
+    vllm_compile.load_engine_kernels()
+    assert child.poll() == 0
+    assert kernels.uncached(kernels.ENGINE) == []
+    assert vllm_compile._ready
+
+
+def test_compile_command_engine_only_and_its_options():
+    env = {**os.environ}
+    run = [sys.executable, "-m", "kvnumba", "compile"]
+    out = subprocess.run([*run, "--engine"], env=env, capture_output=True, text=True, check=True)
+    lines = out.stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines[:-1]] == list(kernels.ENGINE)
+    assert lines[-1].startswith("engine kernels: ")
+    quiet = subprocess.run([*run, "--engine", "--quiet"], env=env, capture_output=True, text=True)
+    assert quiet.returncode == 0 and quiet.stdout == ""
+    bad = subprocess.run([*run, "--everything"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--everything" in bad.stderr
