@@ -24,6 +24,7 @@ no preemption or no event, or if kvnumba's manager was not the one used.
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import json
 import os
@@ -159,8 +160,9 @@ def workload(quick: bool, repeat: bool = False) -> list[dict]:
     quick : bool
         Fewer and shorter requests.
     repeat : bool
-        Add a last phase that sends the preemption phase's requests again: their decode blocks
-        duplicate cached blocks, where the two managers differ by design.
+        Add two phases sending the same requests with outputs long enough to fill blocks: the
+        second pass's decode blocks duplicate cached blocks, where the two managers differ by
+        design.
 
     Returns
     -------
@@ -191,8 +193,12 @@ def workload(quick: bool, repeat: bool = False) -> list[dict]:
         {"name": "preemption", "prompts": crowd, "max_tokens": 32 if quick else 48, "timed": True},
         {"name": "chunked", "prompts": long, "max_tokens": 16, "timed": True},
     ] + (
-        # The preemption phase again: the same greedy outputs fill blocks equal to cached ones.
-        [{"name": "repeat", "prompts": crowd, "max_tokens": 32 if quick else 48, "timed": True}]
+        # Longer outputs that fill blocks, then the same requests again: the greedy outputs
+        # repeat, so the second pass computes decode blocks equal to cached ones.
+        [
+            {"name": "decode", "prompts": shared[:4], "max_tokens": 40, "timed": True},
+            {"name": "decode-again", "prompts": shared[:4], "max_tokens": 40, "timed": True},
+        ]
         if repeat
         else []
     )
@@ -404,6 +410,19 @@ def first_difference(a, b, path: str = "") -> str | None:
     return None if a == b else f"{path}: {a!r} != {b!r}"
 
 
+def is_duplicate_store(flat: list, upto: int, event: dict) -> bool:
+    """Whether ``event`` stores only hashes live in ``flat[:upto]`` (stored, not removed)."""
+    if event["type"] != "BlockStored":
+        return False
+    live = collections.Counter()
+    for _, e in flat[:upto]:
+        if e["type"] == "AllBlocksCleared":
+            live.clear()
+        for h in e.get("block_hashes", ()):
+            live[h] += 1 if e["type"] == "BlockStored" else -1
+    return all(live[h] > 0 for h in event["block_hashes"])
+
+
 def compare(a: dict, b: dict, problems: list[str]) -> dict:
     """Compare two runs; append what is wrong to ``problems``; return the counts.
 
@@ -447,10 +466,17 @@ def compare(a: dict, b: dict, problems: list[str]) -> dict:
     same_events = 0
     for x, y in zip(flat_a, flat_b, strict=False):
         if x != y:
+            notes = [
+                f"\n  ({label}'s event stores only hashes it has stored and not removed: a "
+                "duplicate block, which vLLM caches and kvnumba does not, by design)"
+                for label, flat, (_, event) in (("first run", flat_a, x), ("second run", flat_b, y))
+                if is_duplicate_store(flat, same_events, event)
+            ]
             problems.append(
                 f"KV events differ at event {same_events} (step {x[0]} vs {y[0]}): "
                 f"{first_difference(x[1], y[1]) or 'same event, different step'}\n"
                 f"  first run:  {json.dumps(x[1])[:600]}\n  second run: {json.dumps(y[1])[:600]}"
+                + "".join(notes)
             )
             break
         same_events += 1
@@ -487,7 +513,10 @@ def check_run(run: dict, problems: list[str]) -> None:
     if run["manager"] == "vllm" and "kvnumba" in built["manager"]:
         problems.append(f"{label}: vLLM's run used {built['manager']}")
     if run["async"] and not built["async_scheduling"]:
-        problems.append(f"{label}: async scheduling was asked for but is off")
+        problems.append(
+            f"{label}: async scheduling was asked for but vLLM turned it off (vLLM 0.32's CPU "
+            "platform always does) and built " + built["scheduler"]
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -575,6 +604,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
+    for i, phase in enumerate(results[0]["phases"]):
+        lens = phase["prompt_lens"]
+        print(
+            f"vllm-e2e: phase {phase['name']}: {len(lens)} requests, prompts of {min(lens)}-"
+            f"{max(lens)} tokens, cached tokens "
+            + " / ".join(str(sum(r["phases"][i]["cached"])) for r in results)
+            + ", preemptions "
+            + " / ".join(str(r["phases"][i]["preemptions"]) for r in results),
+            file=sys.stderr,
+        )
 
     problems: list[str] = []
     for r in results:
