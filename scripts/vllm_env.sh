@@ -412,6 +412,15 @@ bench)
     exec python "$ROOT/benchmarks/vllm_bench.py" "$@"
     ;;
 compare) shift; compare_tests "$@" ;;
+e2e)
+    shift
+    [[ $KIND == engine ]] || die "e2e needs a real engine: --vllm 0.32.0 (this is $VLLM_VERSION)"
+    build
+    test_env
+    # This checkout's kvnumba first on PYTHONPATH (nothing installed into the shared venv).
+    export PYTHONPATH="${KVNUMBA_SRC:-$ROOT}${PYTHONPATH:+:$PYTHONPATH}"
+    exec python "$ROOT/scripts/vllm_e2e.py" --model-dir "$CACHE/e2e-model" "$@"
+    ;;
 install-kvnumba)
     shift
     build
