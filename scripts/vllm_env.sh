@@ -314,7 +314,7 @@ run_tests() {
     fi
     build
     test_env
-    export KVNUMBA_VLLM_DESELECT=$deselect PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$HERE"
+    export KVNUMBA_VLLM_DESELECT=$deselect PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$HERE:$ROOT"
     local junit
     junit=$(mktemp --suffix=.xml)
     local t0 rc=0
@@ -355,7 +355,7 @@ compare_tests() {
     local out=$CACHE/compare
     mkdir -p "$out"
     install_kvnumba >"$out/install.log" 2>&1 || { cat "$out/install.log" >&2; die "install failed"; }
-    export KVNUMBA_VLLM_DESELECT=$LISTS/not_applicable.txt PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$HERE"
+    export KVNUMBA_VLLM_DESELECT=$LISTS/not_applicable.txt PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$HERE:$ROOT"
     # kvnumba's own adapter tests first: call for call against vLLM's manager (seconds).
     local adapter_rc=0
     log "adapter vs vLLM's manager (log: $out/adapter.log)"

@@ -1,4 +1,4 @@
-"""pytest plugin: deselect the vLLM tests listed in a file (scripts/vllm_not_applicable.txt).
+"""pytest plugin: deselect the vLLM tests listed in a file (scripts/vllm-VERSION/not_applicable.txt).
 
 Loaded by ``scripts/vllm_env.sh run`` as ``-p vllm_select`` with the list's path in
 ``KVNUMBA_VLLM_DESELECT``. A line names one test function (``path::name``, all its
@@ -12,22 +12,14 @@ import os
 
 import pytest
 
-
-def _entries(path: str) -> dict[str, str]:
-    out = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            name, _, reason = line.partition("#")
-            if name.strip():
-                out[name.strip()] = reason.strip()
-    return out
+from kvnumba.integrations.vllm_lists import read_test_list
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     path = os.environ.get("KVNUMBA_VLLM_DESELECT")
     if not path:
         return
-    listed = _entries(path)
+    listed = read_test_list(path)
     keep, drop, seen = [], [], set()
     files = {item.nodeid.split("::", 1)[0] for item in items}
     for item in items:

@@ -4,9 +4,9 @@ Shared by ``test_repository_paths.py`` (no tracked file names one) and ``test_si
 (what the commands print names none). A reference to the outside is one of:
 
 ``absolute``
-    An absolute path under a machine's user, scratch or temporary roots (``/work/``, ``/home/``,
-    ``/root/``, ``/tmp/``, ``/Users/``, ``/mnt/``, ``/scratch/``) or on a Windows drive
-    (``C:\\``): it names one machine's files, which no other checkout has. System interfaces
+    An absolute path under one of a machine's user, scratch or temporary roots (the folders
+    that :data:`RULES` names) or on a Windows drive: it names one machine's files, which no
+    other checkout has. System interfaces
     such as ``/dev/shm`` or ``/proc`` are not files of a machine's user and are not matched,
     nor is a path inside a URL (``https://host/home/...``).
 ``home``

@@ -28,21 +28,12 @@ import os
 
 import pytest
 
+from kvnumba.integrations.vllm_lists import read_test_list
+
 ALLOWLIST_ENV = "KVNUMBA_VLLM_ALLOWLIST"
 REPORT_ENV = "KVNUMBA_VLLM_REPORT"
 
 _kinds: dict[str, str] = {}
-
-
-def read_allowlist(path: str) -> dict[str, str]:
-    """Entries of an allowlist file: test id to reason (text after ``#``)."""
-    out = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            name, _, reason = line.partition("#")
-            if name.strip():
-                out[name.strip()] = reason.strip()
-    return out
 
 
 def _wrap_scheduler_init(scheduler_cls) -> None:
@@ -79,7 +70,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     path = os.environ.get(ALLOWLIST_ENV)
     if not path:
         return
-    listed = read_allowlist(path)
+    listed = read_test_list(path)
     seen = set()
     files = {item.nodeid.split("::", 1)[0] for item in items}
     for item in items:
