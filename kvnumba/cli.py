@@ -77,21 +77,34 @@ def _compile(args: list[str]) -> int:
     parser.add_argument(
         "--engine", action="store_true", help="only the kernels an engine's manager uses"
     )
+    parser.add_argument(
+        "--group",
+        type=int,
+        help="with --engine: only group I of the engine kernels (kvnumba.kernels.ENGINE_GROUPS; "
+        "the groups compile in parallel in separate processes)",
+    )
     parser.add_argument("--quiet", action="store_true", help="print nothing")
     options = parser.parse_args(args)
 
     from kvnumba import kernels
     from kvnumba.integrations.vllm_compile import compile_lock
 
+    groups = range(len(kernels.ENGINE_GROUPS))
+    if options.group is not None and (not options.engine or options.group not in groups):
+        parser.error(f"--group needs --engine and one of {list(groups)}")
     kernels._announced = True  # this command is the ahead-of-time compile: no hint to run it
     names = kernels.ENGINE if options.engine else tuple(kernels.SIGNATURES)
+    if options.group is not None:
+        names = kernels.ENGINE_GROUPS[options.group]
+        groups = [options.group]
 
     def progress(name, seconds):
         if not options.quiet:
             print(f"{name:22s} {seconds:6.1f} s", flush=True)
 
-    # One compile at a time per cache: a vLLM start may launch this from several processes.
-    with compile_lock():
+    # One compile of a group at a time per cache: a vLLM start may launch this from several
+    # processes.
+    with compile_lock(groups):
         start = time.process_time()
         kernels.compile_all(names, progress=progress)
     if not options.quiet:

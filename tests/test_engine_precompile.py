@@ -33,14 +33,16 @@ def test_the_background_compile_runs_when_asked_or_kvnumba_is_named(setting, arg
     assert wanted(argv, environ) is expected
 
 
-def test_engine_kernels_are_entry_kernels():
+def test_engine_kernels_are_entry_kernels_in_disjoint_groups():
     assert set(kernels.ENGINE) <= set(kernels.SIGNATURES)
     assert not set(kernels.ENGINE) & kernels.PAGED
+    assert len(set(kernels.ENGINE)) == len(kernels.ENGINE)
+    assert vllm_compile.NUM_GROUPS == len(kernels.ENGINE_GROUPS)
 
 
 def test_waiting_blocks_while_a_compile_holds_the_lock():
     returned = threading.Event()
-    with compile_lock():
+    with compile_lock([1]):
         waiter = threading.Thread(target=lambda: (vllm_compile.wait_for_compile(), returned.set()))
         waiter.start()
         time.sleep(0.3)
@@ -51,19 +53,21 @@ def test_waiting_blocks_while_a_compile_holds_the_lock():
 
 def test_the_lock_is_one_per_cache_location(monkeypatch, tmp_path):
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "a"))
-    first = vllm_compile.lock_path()
+    first = vllm_compile.lock_path(0)
+    assert vllm_compile.lock_path(1) != first
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "b"))
-    assert vllm_compile.lock_path() != first
+    assert vllm_compile.lock_path(0) != first
 
 
 def test_background_compile_fills_the_cache_and_the_manager_waits_for_it(monkeypatch):
     # The suite's NUMBA_CACHE_DIR (conftest) is the child's too.
-    monkeypatch.setattr(vllm_compile, "_child", None)
+    monkeypatch.setattr(vllm_compile, "_children", [])
     monkeypatch.setattr(vllm_compile, "_ready", False)
-    child = vllm_compile.start_background_compile()
-    assert vllm_compile.start_background_compile() is child  # one child per process
+    children = list(vllm_compile.start_background_compile())
+    assert len(children) == len(kernels.ENGINE_GROUPS)
+    assert vllm_compile.start_background_compile() == children  # once per process
     vllm_compile.load_engine_kernels()
-    assert child.poll() == 0
+    assert [child.poll() for child in children] == [0] * len(children)
     assert kernels.uncached(kernels.ENGINE) == []
     assert vllm_compile._ready
 
@@ -79,3 +83,12 @@ def test_compile_command_engine_only_and_its_options():
     assert quiet.returncode == 0 and quiet.stdout == ""
     bad = subprocess.run([*run, "--everything"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "--everything" in bad.stderr
+    group = subprocess.run(
+        [*run, "--engine", "--group", "1"], env=env, capture_output=True, text=True
+    )
+    assert [line.split()[0] for line in group.stdout.splitlines()[:-1]] == list(
+        kernels.ENGINE_GROUPS[1]
+    )
+    for wrong in (["--group", "0"], ["--engine", "--group", "7"]):
+        refused = subprocess.run([*run, *wrong], env=env, capture_output=True, text=True)
+        assert refused.returncode == 2 and "--group" in refused.stderr

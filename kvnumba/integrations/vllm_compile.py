@@ -8,11 +8,13 @@ keep that out of a vLLM start:
   with the same ``NUMBA_CACHE_DIR``);
 - while vLLM loads the model: vLLM loads its ``vllm.general_plugins`` entry points at the start
   of the engine process, before the model; kvnumba's (:func:`plugin`) starts
-  ``kvnumba compile --engine`` in a child process there, and the manager waits for it
-  (:func:`wait_for_compile`) before loading the kernels from the cache.
+  ``kvnumba compile --engine --group I`` in one child process per group of kernels there, and
+  the manager waits for them (:func:`wait_for_compile`) before loading the kernels from the
+  cache.
 
-The plugin compiles in a child process because the engine's own process must not load numba
-before vLLM's CPU worker starts, and so that the compile takes the GIL of no engine thread. It
+The plugin compiles in child processes because the engine's own process must not load numba
+before vLLM's CPU worker starts, so that the compile takes the GIL of no engine thread, and so
+that the groups compile in parallel. It
 runs when ``KVNUMBA_VLLM_PRECOMPILE`` is ``1``, or, unset, when the command line names kvnumba
 (``--scheduler-cls kvnumba.integrations.vllm.KVNumbaScheduler``); ``0`` turns it off. This
 module imports neither numba nor vLLM.
@@ -35,30 +37,40 @@ from pathlib import Path
 log = logging.getLogger("kvnumba")
 
 PRECOMPILE_ENV = "KVNUMBA_VLLM_PRECOMPILE"
+#: ``len(kvnumba.kernels.ENGINE_GROUPS)`` (a test checks they agree; this module imports no numba).
+NUM_GROUPS = 2
 
-_child: subprocess.Popen | None = None
+_children: list[subprocess.Popen] = []
 _ready = False  # the engine kernels are loaded in this process
 #: What :func:`load_engine_kernels` did in this process: seconds waited for a background
 #: compile, kernels it had to compile, and the CPU seconds that took.
 report = {"waited_s": 0.0, "compiled": 0, "compile_cpu_s": 0.0}
 
 
-def lock_path() -> Path:
-    """The lock a compile of the engine kernels holds, one per numba cache location."""
+def lock_path(group: int) -> Path:
+    """The lock a compile of engine kernel group ``group`` holds, per numba cache location."""
     where = os.environ.get("NUMBA_CACHE_DIR") or str(Path(__file__).resolve().parents[1])
     digest = hashlib.sha256(where.encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"kvnumba-compile-{os.getuid()}-{digest}.lock"
+    return Path(tempfile.gettempdir()) / f"kvnumba-compile-{os.getuid()}-{digest}-{group}.lock"
 
 
 @contextlib.contextmanager
-def compile_lock(exclusive: bool = True) -> Iterator[None]:
-    """Hold the compile lock (shared: wait until no compile holds it)."""
-    with open(lock_path(), "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def compile_lock(groups, exclusive: bool = True) -> Iterator[None]:
+    """Hold the compile locks of ``groups`` (shared: wait until no compile holds them).
+
+    Taken in increasing group order, so two holders of several never wait for each other.
+    """
+    with contextlib.ExitStack() as stack:
+        for group in sorted(groups):
+            f = stack.enter_context(open(lock_path(group), "a+b"))
+            fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            stack.callback(fcntl.flock, f, fcntl.LOCK_UN)
+        yield
+
+
+def _all_groups() -> range:
+    # The number of groups without importing numba (kvnumba.kernels does).
+    return range(NUM_GROUPS)
 
 
 def wanted(argv: list[str] | None = None, environ=None) -> bool:
@@ -78,22 +90,26 @@ def wanted(argv: list[str] | None = None, environ=None) -> bool:
     return any("kvnumba" in arg for arg in (sys.argv if argv is None else argv))
 
 
-def start_background_compile() -> subprocess.Popen:
-    """Start ``kvnumba compile --engine`` in a child process (once per process).
+def start_background_compile() -> list[subprocess.Popen]:
+    """Start ``kvnumba compile --engine --group I`` in one child process per group (once per
+    process); they compile in parallel where there are cores for them.
 
     Returns
     -------
-    subprocess.Popen
-        The child; :func:`wait_for_compile` waits for it.
+    list of subprocess.Popen
+        The children; :func:`wait_for_compile` waits for them.
     """
-    global _child
-    if _child is None:
-        _child = subprocess.Popen(
-            [sys.executable, "-m", "kvnumba", "compile", "--engine", "--quiet"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-        )
-    return _child
+    if not _children:
+        for group in _all_groups():
+            command = ["-m", "kvnumba", "compile", "--engine", "--group", str(group), "--quiet"]
+            _children.append(
+                subprocess.Popen(
+                    [sys.executable, *command],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                )
+            )
+    return _children
 
 
 def plugin() -> None:
@@ -110,10 +126,11 @@ def plugin() -> None:
 def wait_for_compile() -> float:
     """Wait for a background compile of this process or any other; returns the seconds waited."""
     start = time.perf_counter()
-    if _child is not None and _child.poll() is None:
+    if any(child.poll() is None for child in _children):
         log.warning("kvnumba: waiting for the background compile of the engine kernels")
-        _child.wait()
-    with compile_lock(exclusive=False):
+        for child in _children:
+            child.wait()
+    with compile_lock(_all_groups(), exclusive=False):
         pass
     return time.perf_counter() - start
 
@@ -147,7 +164,7 @@ def load_engine_kernels(logger: logging.Logger = log) -> None:
             PRECOMPILE_ENV,
         )
     start = time.process_time()
-    with compile_lock():
+    with compile_lock(_all_groups()):
         kernels.compile_all(kernels.ENGINE)
     _ready = True
     report.update(waited_s=waited, compiled=len(missing), compile_cpu_s=time.process_time() - start)
