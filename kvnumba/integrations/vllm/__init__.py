@@ -4,8 +4,9 @@
 ``KVCacheManager`` for one full-attention KV cache group, backed by a
 :class:`kvnumba.BlockManager`; :class:`KVNumbaScheduler` is vLLM's ``Scheduler`` building it
 (``--scheduler-cls kvnumba.integrations.vllm.KVNumbaScheduler``) and falling back to vLLM's own
-manager, with a warning, for what it does not support. ``docs/vllm.md`` maps vLLM's calls to
-kvnumba's. Importing this package with a vLLM other than 0.33.0 raises ``ImportError``
+manager, with a warning, for what it does not support; with async scheduling on it builds a
+:class:`KVNumbaAsyncScheduler`, vLLM's ``AsyncScheduler`` with the same manager.
+``docs/vllm.md`` maps vLLM's calls to kvnumba's. Importing this package with a vLLM other than 0.33.0 raises ``ImportError``
 (:mod:`kvnumba.integrations.vllm_version`).
 """
 
@@ -25,8 +26,14 @@ check_vllm_version(getattr(_vllm, "__version__", None))
 
 from kvnumba.integrations.vllm.manager import KVNumbaKVCacheManager  # noqa: E402
 from kvnumba.integrations.vllm.scheduler import (  # noqa: E402
+    KVNumbaAsyncScheduler,
     KVNumbaScheduler,
     kvnumba_enabled,
 )
 
-__all__ = ["KVNumbaKVCacheManager", "KVNumbaScheduler", "kvnumba_enabled"]
+__all__ = [
+    "KVNumbaAsyncScheduler",
+    "KVNumbaKVCacheManager",
+    "KVNumbaScheduler",
+    "kvnumba_enabled",
+]
