@@ -304,7 +304,23 @@ build() {
     log "environment ready in $((SECONDS - t0)) s ($CACHE)"
 }
 
-TEST_FILES=(tests/v1/core/test_prefix_caching.py tests/v1/core/test_scheduler.py)
+# vLLM's tests/v1/core files that reach the KV cache manager, through the scheduler or directly
+# (docs/vllm.md lists the files left out, and why).
+TEST_FILES=(
+    tests/v1/core/test_prefix_caching.py
+    tests/v1/core/test_scheduler.py
+    tests/v1/core/test_async_scheduler.py
+    tests/v1/core/test_deferred_block_free.py
+    tests/v1/core/test_prefix_replay.py
+    tests/v1/core/test_priority_preemption_bug.py
+    tests/v1/core/test_priority_scheduler_random.py
+    tests/v1/core/test_reset_prefix_cache_e2e.py
+    tests/v1/core/test_scheduler_e2e.py
+    tests/v1/core/test_swa_inflight_window_free.py
+    tests/v1/core/test_worker_slot_overflow.py
+    tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py
+    tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py
+)
 
 run_tests() {
     local deselect=$LISTS/not_applicable.txt

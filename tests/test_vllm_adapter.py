@@ -57,8 +57,8 @@ def _managers(num_blocks: int, **kwargs):
     )
 
 
-def _request(rid: str, tokens: list[int]) -> Request:
-    params = SamplingParams(max_tokens=1000, ignore_eos=True)
+def _request(rid: str, tokens: list[int], max_tokens: int = 1000) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     params.update_from_generation_config({}, eos_token_id=100_000)
     return Request(
         request_id=rid,
@@ -232,3 +232,179 @@ def test_one_free_block_decides_a_decode_step(spare):
     if got[0] is not None:
         assert len(got[0].blocks[0]) == len(got[1].blocks[0]) == free + spare
     _same_view(ref, kvn)
+
+
+# Schedulers: one class name for both of vLLM's scheduling modes.
+
+_VLLM_CONFIGS: dict[bool, object] = {}
+
+
+def _vllm_config(async_scheduling: bool):
+    """A ``VllmConfig`` of the tests' model with prefix caching (built once per mode)."""
+    if async_scheduling not in _VLLM_CONFIGS:
+        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+        model_config = ModelConfig(
+            model="facebook/opt-125m",
+            dtype="float16",
+            seed=0,
+            max_model_len=512,
+            skip_tokenizer_init=True,
+        )
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=8,
+            max_num_batched_tokens=512,
+            max_model_len=512,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+            async_scheduling=async_scheduling,
+            watermark=0.0,  # admission depends on the pool alone, as in vLLM's tests
+        )
+        cache_config = CacheConfig(block_size=BS, cache_dtype="auto", enable_prefix_caching=True)
+        cache_config.num_gpu_blocks = 64
+        config = VllmConfig(
+            model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config
+        )
+        # vLLM's CPU platform turns async scheduling off; the flag as a GPU engine leaves it.
+        config.scheduler_config.async_scheduling = async_scheduling
+        register_all_kvcache_specs(config)
+        _VLLM_CONFIGS[async_scheduling] = config
+    return _VLLM_CONFIGS[async_scheduling]
+
+
+def _scheduler(cls, async_scheduling: bool, num_blocks: int = 64):
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config = _vllm_config(async_scheduling)
+    return cls(
+        vllm_config=config,
+        kv_cache_config=_config(num_blocks),
+        block_size=BS,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(config),
+    )
+
+
+def test_async_config_builds_the_async_scheduler():
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from kvnumba.integrations.vllm import KVNumbaAsyncScheduler, KVNumbaScheduler
+
+    assert KVNumbaAsyncScheduler.__mro__[:4] == (
+        KVNumbaAsyncScheduler,
+        KVNumbaScheduler,
+        AsyncScheduler,
+        Scheduler,
+    )
+    for cls in (KVNumbaScheduler, KVNumbaAsyncScheduler):
+        scheduler = _scheduler(cls, async_scheduling=True)
+        assert type(scheduler) is KVNumbaAsyncScheduler
+        assert isinstance(scheduler, AsyncScheduler)
+        assert type(scheduler.kv_cache_manager) is KVNumbaKVCacheManager
+
+
+def test_sync_config_builds_the_plain_scheduler():
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from kvnumba.integrations.vllm import KVNumbaScheduler
+
+    scheduler = _scheduler(KVNumbaScheduler, async_scheduling=False)
+    assert type(scheduler) is KVNumbaScheduler
+    assert not isinstance(scheduler, AsyncScheduler)
+    assert type(scheduler.kv_cache_manager) is KVNumbaKVCacheManager
+
+
+def test_a_subclass_is_constructed_as_itself():
+    from kvnumba.integrations.vllm import KVNumbaScheduler
+
+    class Custom(KVNumbaScheduler):
+        pass
+
+    scheduler = _scheduler(Custom, async_scheduling=True)
+    assert type(scheduler) is Custom
+    assert type(scheduler.kv_cache_manager) is KVNumbaKVCacheManager
+
+
+def _runner_output(scheduler_output):
+    """One sampled token per scheduled request, derived from the request and its progress."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids = list(scheduler_output.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+        sampled_token_ids=[[500 + 7 * int(rid[1:]) + n % 5] for n, rid in enumerate(req_ids)],
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+    )
+
+
+def _step_view(scheduler, scheduler_output) -> dict:
+    """What a model runner and the engine see of one step: tokens and block counts."""
+    blocks = {}
+    new = scheduler_output.scheduled_new_reqs
+    for data in new:
+        blocks[data.req_id] = [len(ids) for ids in data.block_ids]
+    cached = scheduler_output.scheduled_cached_reqs
+    for rid, ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
+        blocks[rid] = None if ids is None else [len(group) for group in ids]
+    return {
+        "tokens": dict(scheduler_output.num_scheduled_tokens),
+        "computed": {d.req_id: d.num_computed_tokens for d in new},
+        "blocks": blocks,
+        "finished": sorted(scheduler_output.finished_req_ids),
+        "free": scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
+    }
+
+
+def _drive_async(scheduler) -> list[dict]:
+    """Async scheduling's pattern: schedule step n+1 before the output of step n arrives."""
+    import collections
+
+    prefix = list(range(3 * BS))
+    arrivals = {
+        0: [("r1", prefix + [40, 41]), ("r2", prefix + [50, 51, 52, 53, 54])],
+        2: [("r3", prefix + [60]), ("r4", list(range(200, 200 + 2 * BS + 1)))],
+        5: [("r5", prefix + [40, 41, 42])],
+    }
+    max_tokens = {"r1": 3, "r2": 6, "r3": 9, "r4": 4, "r5": 5}
+    views, in_flight, outputs = [], collections.deque(), []
+    for step in range(40):
+        for rid, tokens in arrivals.get(step, []):
+            scheduler.add_request(_request(rid, tokens, max_tokens[rid]))
+        scheduler_output = scheduler.schedule()
+        views.append(_step_view(scheduler, scheduler_output))
+        in_flight.append(scheduler_output)
+        if len(in_flight) == 2 or not scheduler_output.num_scheduled_tokens:
+            done = in_flight.popleft()
+            engine_outputs = scheduler.update_from_output(done, _runner_output(done))
+            for eco in engine_outputs.values():
+                outputs += [(o.request_id, o.new_token_ids, o.finish_reason) for o in eco.outputs]
+        if step > 5 and not scheduler.get_num_unfinished_requests() and not in_flight:
+            break
+    views.append({"outputs": outputs})
+    return views
+
+
+def test_async_steps_match_vllm_async_scheduler():
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from kvnumba.integrations.vllm import KVNumbaAsyncScheduler, KVNumbaScheduler
+
+    ref = _scheduler(AsyncScheduler, async_scheduling=True, num_blocks=24)
+    kvn = _scheduler(KVNumbaScheduler, async_scheduling=True, num_blocks=24)
+    assert type(kvn) is KVNumbaAsyncScheduler
+    assert type(ref.kv_cache_manager) is not KVNumbaKVCacheManager
+    assert type(kvn.kv_cache_manager) is KVNumbaKVCacheManager
+    got_ref = _drive_async(ref)
+    got_kvn = _drive_async(kvn)
+    kvn.kv_cache_manager.check()
+    assert len(got_kvn) == len(got_ref)
+    for n, (a, b) in enumerate(zip(got_ref, got_kvn, strict=True)):
+        assert b == a, f"step {n}"
+    finished = {rid for rid, _, reason in got_ref[-1]["outputs"] if reason is not None}
+    assert finished == {"r1", "r2", "r3", "r4", "r5"}
+    assert sum(v["computed"].get("r5", 0) for v in got_ref[:-1]) > 0, "r5 hits the prefix"

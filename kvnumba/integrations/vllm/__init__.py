@@ -4,9 +4,10 @@
 ``KVCacheManager`` for one full-attention KV cache group, backed by a
 :class:`kvnumba.BlockManager`; :class:`KVNumbaScheduler` is vLLM's ``Scheduler`` building it
 (``--scheduler-cls kvnumba.integrations.vllm.KVNumbaScheduler``) and falling back to vLLM's own
-manager, with a warning, for what it does not support. ``docs/vllm.md`` maps vLLM's calls to
-kvnumba's. Importing this package with a vLLM outside those release lines raises
-``ImportError`` (:mod:`kvnumba.integrations.vllm_version`).
+manager, with a warning, for what it does not support; with async scheduling on it builds a
+:class:`KVNumbaAsyncScheduler`, vLLM's ``AsyncScheduler`` with the same manager.
+``docs/vllm.md`` maps vLLM's calls to kvnumba's. Importing this package with a vLLM outside
+those release lines raises ``ImportError`` (:mod:`kvnumba.integrations.vllm_version`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,14 @@ check_vllm_version(getattr(_vllm, "__version__", None))
 
 from kvnumba.integrations.vllm.manager import KVNumbaKVCacheManager  # noqa: E402
 from kvnumba.integrations.vllm.scheduler import (  # noqa: E402
+    KVNumbaAsyncScheduler,
     KVNumbaScheduler,
     kvnumba_enabled,
 )
 
-__all__ = ["KVNumbaKVCacheManager", "KVNumbaScheduler", "kvnumba_enabled"]
+__all__ = [
+    "KVNumbaAsyncScheduler",
+    "KVNumbaKVCacheManager",
+    "KVNumbaScheduler",
+    "kvnumba_enabled",
+]

@@ -21,6 +21,7 @@ import vllm.v1.core.kv_cache_manager as _kv_cache_manager_module
 import vllm.v1.core.sched.scheduler as _scheduler_module
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from kvnumba.integrations.vllm.manager import KVNumbaKVCacheManager
@@ -135,12 +136,46 @@ class KVNumbaScheduler(Scheduler):
     vLLM's ``Scheduler``; falls back to vLLM's manager, with a warning, for hybrid or
     non-full-attention models and for unsupported features (KV connectors, encoder-decoder
     models, context parallelism, ...; see :mod:`kvnumba.integrations.vllm.support`).
+
+    Constructing this class with async scheduling on
+    (``vllm_config.scheduler_config.async_scheduling``) returns a
+    :class:`KVNumbaAsyncScheduler`, as vLLM itself picks ``AsyncScheduler`` over ``Scheduler``
+    by that flag: one class name serves both modes. A subclass is constructed as itself.
+
+    Parameters
+    ----------
+    vllm_config : vllm.config.VllmConfig
+        The engine's configuration; the rest of vLLM's ``Scheduler`` arguments follow.
     """
+
+    def __new__(cls, vllm_config, *args, **kwargs):
+        # vLLM's engine calls the configured class, so the choice it makes by this flag for its
+        # own classes is made here; a returned subclass instance gets its own __init__ called.
+        if cls is KVNumbaScheduler and vllm_config.scheduler_config.async_scheduling:
+            cls = KVNumbaAsyncScheduler
+        return super().__new__(cls)
 
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         declined = scheduler_fallback_reason(vllm_config)
         with kvnumba_enabled(declined, scheduler_max_seqs(vllm_config)):
             super().__init__(vllm_config, *args, **kwargs)
+
+
+class KVNumbaAsyncScheduler(KVNumbaScheduler, AsyncScheduler):
+    """vLLM's ``AsyncScheduler`` with kvnumba's KV cache manager where it serves the model.
+
+    What ``KVNumbaScheduler(vllm_config, ...)`` builds when
+    ``vllm_config.scheduler_config.async_scheduling`` is true; it may also be named directly
+    (``--scheduler-cls kvnumba.integrations.vllm.KVNumbaAsyncScheduler``). The MRO is
+    ``KVNumbaAsyncScheduler``, ``KVNumbaScheduler``, ``AsyncScheduler``, ``Scheduler``:
+    ``KVNumbaScheduler.__init__`` enables kvnumba's manager around ``AsyncScheduler.__init__``,
+    and the output placeholders of async scheduling are ``AsyncScheduler``'s own.
+
+    Parameters
+    ----------
+    vllm_config : vllm.config.VllmConfig
+        The engine's configuration; the rest of vLLM's ``AsyncScheduler`` arguments follow.
+    """
 
 
 install()
