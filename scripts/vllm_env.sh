@@ -318,8 +318,6 @@ TEST_FILES=(
     tests/v1/core/test_scheduler_e2e.py
     tests/v1/core/test_swa_inflight_window_free.py
     tests/v1/core/test_worker_slot_overflow.py
-    tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py
-    tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py
 )
 
 run_tests() {
