@@ -32,6 +32,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 )
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
+import kvnumba  # noqa: E402
 from kvnumba.integrations.vllm import KVNumbaKVCacheManager  # noqa: E402
 from kvnumba.integrations.vllm.scheduler import _VLLM_KV_CACHE_MANAGER  # noqa: E402
 
@@ -230,3 +231,67 @@ def test_one_free_block_decides_a_decode_step(spare):
     if got[0] is not None:
         assert len(got[0].blocks[0]) == len(got[1].blocks[0]) == free + spare
     _same_view(ref, kvn)
+
+
+def _ids(blocks) -> list[int]:
+    return [b.block_id for b in blocks.blocks[0]]
+
+
+def test_block_lists_follow_growth_free_and_preemption():
+    # get_blocks hands out the request's own list, as vLLM's manager does: a list taken earlier
+    # grows with the request; the new blocks allocate_slots returns are a list of their own.
+    ref, kvn = _managers(32)
+    pair = _fill(ref, kvn, "a", 2)
+    taken = [m.get_blocks("a") for m in (ref, kvn)]
+    assert len(taken[0].blocks[0]) == len(taken[1].blocks[0]) == 2
+    new = []
+    for m, r in zip((ref, kvn), pair, strict=True):
+        r.append_output_token_ids(5)
+        new.append(m.allocate_slots(r, 1, num_lookahead_tokens=2 * BS))
+        r.num_computed_tokens += 1
+    assert len(new[0].blocks[0]) == len(new[1].blocks[0]) == 3
+    for t, m in zip(taken, (ref, kvn), strict=True):
+        assert len(t.blocks[0]) == 5, "the list taken earlier grew in place"
+        assert _ids(t) == m.get_block_ids("a")[0] == _ids(m.get_blocks("a"))
+    for m, r in zip((ref, kvn), pair, strict=True):  # more slots: the earlier result stays
+        r.append_output_token_ids(6)
+        assert m.allocate_slots(r, 1, num_lookahead_tokens=4 * BS) is not None
+        r.num_computed_tokens += 1
+    assert len(new[0].blocks[0]) == len(new[1].blocks[0]) == 3
+    assert _ids(kvn.get_blocks("a")) == kvn.get_block_ids("a")[0]
+    assert kvn.coordinator.get_blocks("a")[0] is kvn.get_blocks("a").blocks[0]
+    kvn.check()
+    # Preemption frees the request; re-admitted, it gets a fresh list, hits first.
+    held_before = kvn.get_block_ids("a")[0]
+    for m, r in zip((ref, kvn), pair, strict=True):
+        m.free(r)
+        assert m.get_blocks("a") is m.empty_kv_cache_blocks
+        r.status = RequestStatus.PREEMPTED
+        r.num_computed_tokens = 0
+    assert len(taken[1].blocks[0]) == 7, "a freed request's list is left as it was"
+    hits = [m.get_computed_blocks(r) for m, r in zip((ref, kvn), pair, strict=True)]
+    assert hits[0][1] == hits[1][1] == 2 * BS
+    assert _ids(hits[1][0]) == held_before[:2]
+    for m, r, h in zip((ref, kvn), pair, hits, strict=True):
+        assert m.allocate_slots(r, r.num_tokens - h[1], h[1], h[0]) is not None
+    again = kvn.get_blocks("a")
+    assert again.blocks[0] is not taken[1].blocks[0]
+    assert _ids(again) == kvn.get_block_ids("a")[0] and _ids(again)[:2] == held_before[:2]
+    assert len(again.blocks[0]) == len(ref.get_blocks("a").blocks[0])
+    _same_view(ref, kvn)
+
+
+def test_a_corrupted_block_list_is_caught():
+    # vLLM's scheduler never changes the lists it is handed (vLLM's own manager keeps the same
+    # list); check() catches one that was changed, and a replaced wrapper is not reused.
+    _, kvn = _managers(16)
+    tokens = list(range(3 * BS))
+    r = _request("a", tokens)
+    kvn.allocate_slots(r, len(tokens))
+    blocks = kvn.get_blocks("a")
+    blocks.blocks = ([],)
+    assert _ids(kvn.get_blocks("a")) == kvn.get_block_ids("a")[0]
+    kvn.check()
+    kvn.get_blocks("a").blocks[0].pop()
+    with pytest.raises(kvnumba.InvariantViolation, match="block list"):
+        kvn.check()

@@ -34,16 +34,26 @@ _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 class _Held:
     """A request's kvnumba sequence: id (also as a one-item array, the form kvnumba's calls
-    take without conversion), table row, blocks held, leading blocks with keys."""
+    take without conversion), table row, blocks held, leading blocks with keys, and the block
+    stand-ins of its table row.
 
-    __slots__ = ("seq", "ids", "slot", "nblocks", "ncached")
+    ``blocks`` is the request's block list as vLLM's ``req_to_blocks`` keeps it: one list,
+    extended in place as the request grows, and ``view`` the ``KVCacheBlocks`` around it, so
+    that ``get_blocks`` builds nothing. A held request's row only grows at its tail (the
+    sequence never shrinks, and a reset or eviction never touches a held block), so the list
+    stays the row; ``check()`` compares them.
+    """
 
-    def __init__(self, seq: int, slot: int, nblocks: int, ncached: int) -> None:
+    __slots__ = ("seq", "ids", "slot", "nblocks", "ncached", "blocks", "view")
+
+    def __init__(self, seq: int, slot: int, nblocks: int, ncached: int, blocks: list) -> None:
         self.seq = seq
         self.ids = np.array([seq], dtype=np.int64)
         self.slot = slot
         self.nblocks = nblocks
         self.ncached = ncached
+        self.blocks = blocks
+        self.view = KVCacheBlocks((blocks,))
 
 
 class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
@@ -165,6 +175,10 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         self._key_args = np.zeros((2, 1), dtype=np.int64)  # starts, counts
         self.block_pool = BlockPoolView(self)
         self._blocks = self.block_pool.blocks
+        # The stand-ins as an object array: a row of block ids becomes their list in one
+        # numpy take, with no Python work per block.
+        self._block_arr = np.empty(len(self._blocks), dtype=object)
+        self._block_arr[:] = self._blocks
         self.coordinator = CoordinatorView(self, spec)
 
     # ------------------------------------------------------------------------------ helpers
@@ -179,13 +193,11 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         """``KVCacheBlocks`` of the stand-ins of ``block_ids`` (the empty one if none)."""
         if block_ids.shape[0] == 0:
             return self.empty_kv_cache_blocks
-        return KVCacheBlocks((list(map(self._blocks.__getitem__, block_ids.tolist())),))
+        return KVCacheBlocks((self._block_arr[block_ids].tolist(),))
 
     def blocks_of(self, request_id: str) -> list:
-        """Block stand-ins of a held request, from its kvnumba table row."""
-        held = self.held[request_id]
-        row = self._table[held.slot, : held.nblocks]
-        return list(map(self._blocks.__getitem__, row.tolist()))
+        """Block stand-ins of a held request: its block list (``req_to_blocks``)."""
+        return self.held[request_id].blocks
 
     def _num_free(self) -> int:
         return self._usable - int(self._meta[Meta.USED])
@@ -446,7 +458,9 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             return self.empty_kv_cache_blocks
         if self._events_on:
             self._drain(request, held)  # evictions by the append
-        return self._wrap(self._table[held.slot, old : held.nblocks])
+        new = self._block_arr[self._table[held.slot, old : held.nblocks]].tolist()
+        held.blocks += new  # in place: the list get_blocks handed out grows, as vLLM's does
+        return KVCacheBlocks((new,))
 
     def _admit(self, request, slots: int, num_hits: int, to_cache: int) -> KVCacheBlocks | None:
         """First allocation of a request: one kvnumba ``admit`` of its blocks.
@@ -477,12 +491,16 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
                 f"allocate_slots but only {cached // bs} are still cached (get_computed_blocks "
                 "and allocate_slots must not be separated by calls that evict)"
             )
-        held = _Held(seq, seq & self._slot_mask, nblocks, num_keys)
+        slot = seq & self._slot_mask
+        blocks = self._block_arr[self._table[slot, :nblocks]].tolist()
+        held = _Held(seq, slot, nblocks, num_keys, blocks)
         self.held[request.request_id] = held
         self._last_hits = None
         if self._events_on:
             self._drain(request, held)
-        return self._wrap(self._table[held.slot, num_hits:nblocks])
+        if nblocks == num_hits:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks((blocks[num_hits:],))
 
     def _cache_upto(self, held: _Held, request, num_tokens: int) -> None:
         """Register the keys of the request's blocks full within its first ``num_tokens``."""
@@ -549,9 +567,12 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's blocks (the empty ``KVCacheBlocks`` if it holds none)."""
         held = self.held.get(request_id)
-        if held is None:
+        if held is None or not held.blocks:
             return self.empty_kv_cache_blocks
-        return self._wrap(self._table[held.slot, : held.nblocks])
+        view = held.view
+        if view.blocks[0] is not held.blocks:  # someone replaced the returned object's list
+            view = held.view = KVCacheBlocks((held.blocks,))
+        return view
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block ids, one list (one group)."""
