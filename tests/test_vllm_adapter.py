@@ -295,3 +295,65 @@ def test_a_corrupted_block_list_is_caught():
     kvn.get_blocks("a").blocks[0].pop()
     with pytest.raises(kvnumba.InvariantViolation, match="block list"):
         kvn.check()
+
+
+def test_lookup_keys_follow_a_rebuilt_hash_list():
+    # A waiting request's keys are converted once and reused; vLLM clears or cuts and regrows
+    # the hash list of a streaming session, and the lookup must then use the new hashes.
+    ref, kvn = _managers(32)
+    prompts = {"x": list(range(3 * BS)), "y": list(range(500, 500 + 3 * BS))}
+    block_ids = {}
+    for rid, tokens in prompts.items():
+        for m in (ref, kvn):
+            r = _request(rid, tokens)
+            m.allocate_slots(r, len(tokens))
+            r.num_computed_tokens = len(tokens)
+            block_ids[rid] = m.get_block_ids(rid)[0]  # kvnumba's, the last of the two
+            m.free(r)
+    hashes = {rid: _request(rid, t + [7]).block_hashes for rid, t in prompts.items()}
+    probe = [_request("p", prompts["x"] + [7]) for _ in range(2)]
+
+    def lookup(want: int, rid: str) -> None:
+        got = [m.get_computed_blocks(r) for m, r in zip((ref, kvn), probe, strict=True)]
+        assert got[0][1] == got[1][1] == want * BS
+        assert _ids(got[1][0]) == block_ids[rid][:want]
+
+    lookup(3, "x")
+    lookup(3, "x")  # the converted keys again
+    for r in probe:  # rebuilt shorter: the other prompt's first two blocks
+        r.block_hashes.clear()
+        r.block_hashes.extend(hashes["y"][:2])
+    lookup(2, "y")
+    for r in probe:  # cut below what was converted
+        del r.block_hashes[1:]
+    lookup(1, "y")
+    for r in probe:  # as long as before, other hashes
+        r.block_hashes[:] = hashes["x"]
+    lookup(3, "x")
+    kvn.check()
+
+
+def test_a_lookup_sees_keys_queued_by_a_running_request():
+    # Request a computes its prompt in two chunks; the second chunk's block keys are queued
+    # (registered in one batch later). A lookup whose first missed block is one of them must
+    # register them first and hit them; one that misses elsewhere leaves them queued.
+    ref, kvn = _managers(32)
+    tokens = list(range(4 * BS)) + [9]
+    pair = (_request("a", tokens), _request("a", tokens))
+    for m, r in zip((ref, kvn), pair, strict=True):
+        assert m.allocate_slots(r, 2 * BS) is not None
+        r.status = RequestStatus.RUNNING
+        r.num_computed_tokens = 2 * BS
+        assert m.allocate_slots(r, 2 * BS) is not None
+        r.num_computed_tokens = 4 * BS
+    assert kvn._pending, "the second chunk's keys are queued"
+    other = [_request("o", list(range(900, 900 + 3 * BS))) for _ in range(2)]
+    got = [m.get_computed_blocks(r)[1] for m, r in zip((ref, kvn), other, strict=True)]
+    assert got == [0, 0]
+    assert kvn._pending, "a lookup that cannot hit a queued key registers nothing"
+    same = [_request("b", tokens[: 4 * BS] + [5]) for _ in range(2)]
+    got = [m.get_computed_blocks(r) for m, r in zip((ref, kvn), same, strict=True)]
+    assert got[0][1] == got[1][1] == 4 * BS
+    assert _ids(got[1][0]) == kvn.get_block_ids("a")[0][:4]
+    assert not kvn._pending
+    _same_view(ref, kvn)
