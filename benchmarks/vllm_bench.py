@@ -1135,6 +1135,65 @@ def markdown_table(groups: dict[str, list[dict]], base: str, other: str) -> str:
     return "\n".join(lines)
 
 
+# The calls the scheduler makes per request (admission, every step, output, finish).
+PER_CALL_METHODS = ("get_computed_blocks", "allocate_slots", "get_blocks", "free")
+
+
+def _spread(values: list[float], digits: int) -> str:
+    """Median of ``values``, with their range when there are several that differ."""
+    text = _fmt(statistics.median(values), digits)
+    if len(values) > 1 and min(values) != max(values):
+        text += f" ({_fmt(min(values), digits)}-{_fmt(max(values), digits)})"
+    return text
+
+
+def per_call_table(
+    groups: dict[str, list[dict]], runs: dict[str, list[RunResult]], base: str, other: str
+) -> str:
+    """Microseconds per call of the scheduler's per-request calls, and the per-step ratio.
+
+    Parameters
+    ----------
+    groups : dict
+        ``label -> [summary of each repetition]``.
+    runs : dict
+        ``label -> [RunResult of each repetition]``.
+    base, other : str
+        Labels of the denominator (vLLM's manager) and the numerator of the ratios.
+
+    Returns
+    -------
+    str
+        A markdown table: calls per run, us per call (median over repetitions, range), and the
+        median of the per-repetition ratios; last, the KV-manager time per step (median).
+    """
+    lines = [
+        f"| call | calls per run | {base} us/call | {other} us/call | {other} / {base} |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name in PER_CALL_METHODS:
+        per = {}
+        for lab in (base, other):
+            cells = [r.per_method.get(name, [0, 0]) for r in runs[lab]]
+            per[lab] = [ns / c / 1e3 for c, ns in cells if c]
+        calls = statistics.median(r.per_method.get(name, [0, 0])[0] for r in runs[base])
+        if not per[base] or not per[other]:
+            lines.append(f"| `{name}` | {calls:,.0f} | - | - | - |")
+            continue
+        ratios = [b / a for a, b in zip(per[base], per[other], strict=False) if a]
+        lines.append(
+            f"| `{name}` | {calls:,.0f} | {_spread(per[base], 1)} | {_spread(per[other], 1)} | "
+            f"{_spread(ratios, 2)} |"
+        )
+    step = {lab: [s["kv_us"]["median"] for s in groups[lab]] for lab in (base, other)}
+    ratios = [b / a for a, b in zip(step[base], step[other], strict=False) if a]
+    lines.append(
+        f"| KV-manager time per step, median (us) | | {_spread(step[base], 1)} | "
+        f"{_spread(step[other], 1)} | {_spread(ratios, 2) if ratios else '-'} |"
+    )
+    return "\n".join(lines)
+
+
 def method_table(groups: dict[str, list[dict]], runs: dict[str, list[RunResult]]) -> str:
     """Calls per run and ns per call of each manager method, medians over the repetitions."""
     labels = list(runs)
@@ -1430,6 +1489,12 @@ def render(args, stream, groups, runs, checks, labels, overhead, notes) -> str:
     ]
     lines += [f"- NOTE: {n}" for n in notes]
     lines += ["", markdown_table(groups, base, other), ""]
+    lines += [
+        "### Per call (us per call: median over repetitions, range in brackets)",
+        "",
+        per_call_table(groups, runs, base, other),
+        "",
+    ]
     lines.append(
         f"Steps {s0['steps']}; scheduled tokens per step (mean) {s0['tokens_per_step']:.0f}; "
         f"prefix-cache queries {s0['prefix_queries']:,} tokens, hits {s0['prefix_hits']:,}; "
