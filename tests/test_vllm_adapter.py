@@ -357,3 +357,24 @@ def test_a_lookup_sees_keys_queued_by_a_running_request():
     assert _ids(got[1][0]) == kvn.get_block_ids("a")[0][:4]
     assert not kvn._pending
     _same_view(ref, kvn)
+
+
+@pytest.mark.parametrize("first_chunk", [10, 36])
+def test_long_hits_past_the_first_keys_looked_at(first_chunk):
+    # A lookup first looks at a window of keys and at all of them only when the window hits in
+    # full; the blocks past it, queued (second chunk) or registered, are hit as vLLM hits them.
+    ref, kvn = _managers(128)
+    tokens = list(range(40 * BS)) + [9]
+    pair = (_request("a", tokens), _request("a", tokens))
+    for m, r in zip((ref, kvn), pair, strict=True):
+        assert m.allocate_slots(r, first_chunk * BS) is not None
+        r.status = RequestStatus.RUNNING
+        r.num_computed_tokens = first_chunk * BS
+        assert m.allocate_slots(r, (40 - first_chunk) * BS) is not None
+        r.num_computed_tokens = 40 * BS
+    for want in (40, 35, 33, 32, 31):
+        same = [_request(f"b{want}", tokens[: want * BS] + [5, 6]) for _ in range(2)]
+        got = [m.get_computed_blocks(r) for m, r in zip((ref, kvn), same, strict=True)]
+        assert got[0][1] == got[1][1] == want * BS
+        assert _ids(got[1][0]) == kvn.get_block_ids("a")[0][:want]
+    _same_view(ref, kvn)

@@ -30,6 +30,9 @@ from kvnumba.state import BlockFlag, Meta, slot_mask
 
 _NO_KEYS = np.zeros((0, 4), dtype=np.uint64)
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+# Keys a lookup converts and looks at first: most lookups miss within them, and only a lookup
+# whose every one hits needs the rest.
+_FIRST_KEYS = 32
 
 
 class _Held:
@@ -205,8 +208,10 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         # The last lookup's hit ids, so that allocate_slots counts the hits at refcount 0
         # without reading them back from the block objects.
         self._last_hits: tuple[str, np.ndarray] | None = None
-        # Keys of running requests' newly full blocks, registered in one call (flush_keys).
+        # Keys of running requests' newly full blocks, registered in one call (flush_keys),
+        # and their digests, which a lookup checks its first miss against.
         self._pending: dict[int, tuple[_Held, object, int]] = {}
+        self._pending_digests: set[bytes] = set()
         # One-request argument arrays for set_keys, reused: kvnumba passes int64 arrays through.
         self._key_args = np.zeros((2, 1), dtype=np.int64)  # starts, counts
         # Keys of the requests looked up and not admitted yet (see _RequestKeys); dropped at
@@ -285,17 +290,21 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         if n <= 0:
             return self.empty_kv_cache_blocks, 0, 0
         self.hash_width = len(hashes[0])
-        keys = self._request_keys(request).upto(hashes, n)
-        # Length n blocks + 1 token: kvnumba's last-token rule then allows exactly n hits.
-        length = n * self.block_size + 1
-        found = self.kvnumba.lookup_one(length=length, keys=keys)
-        hits = found.shape[0]
-        # Keys queued by running requests (flush_keys) can only lengthen the hit if the first
-        # missed block's hash is one of them; only then are they registered first.
-        if hits < n and self._pending and self._pending_has(hashes[hits]):
-            self.flush_keys()
-            found = self.kvnumba.lookup_one(length=length, keys=keys)
+        rk = self._request_keys(request)
+        # A hit ends at the first block missed, so the first keys decide most lookups.
+        k = n if n <= _FIRST_KEYS or rk.n >= n else _FIRST_KEYS
+        while True:
+            # Length k blocks + 1 token: kvnumba's last-token rule then allows k hits.
+            found = self.kvnumba.lookup_one(length=k * self.block_size + 1, keys=rk.upto(hashes, k))
             hits = found.shape[0]
+            # Keys queued by running requests (flush_keys) can only lengthen the hit if the
+            # first missed block's hash is one of them; only then are they registered first.
+            if hits < k and hashes[hits] in self._pending_digests:
+                self.flush_keys()  # empties the queue: this is done at most once
+                continue
+            if hits < k or k == n:
+                break
+            k = n
         if self.use_eagle and hits:
             hits -= 1  # EAGLE recomputes the last hit block for its hidden states
         if hits == 0:
@@ -581,7 +590,10 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         full = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
         if full > held.nblocks:
             full = held.nblocks
-        if full > held.ncached:
+        queued = self._pending.get(held.seq)
+        start = held.ncached if queued is None else queued[2]
+        if full > start:
+            self._pending_digests.update(request.block_hashes[start:full])
             self._pending[held.seq] = (held, request, full)
 
     def flush_keys(self) -> None:
@@ -602,6 +614,7 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             for held, request, full in pending.values():
                 self._set_keys_one(held, request.block_hashes, full)
             pending.clear()
+            self._pending_digests.clear()
             return
         items = list(pending.values())
         # ids, starts and counts as three contiguous rows of one array.
@@ -612,13 +625,7 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         for h, _, f in items:
             h.ncached = f
         pending.clear()
-
-    def _pending_has(self, digest: bytes) -> bool:
-        """Whether ``digest`` is the hash of a block whose key is queued (not registered)."""
-        for held, request, full in self._pending.values():
-            if digest in request.block_hashes[held.ncached : full]:
-                return True
-        return False
+        self._pending_digests.clear()
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         """Register the keys of the blocks full within ``num_computed_tokens`` (``set_keys``)."""
