@@ -32,7 +32,7 @@ _NO_KEYS = np.zeros((0, 4), dtype=np.uint64)
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 # Keys a lookup converts and looks at first: most lookups miss within them, and only a lookup
 # whose every one hits needs the rest.
-_FIRST_KEYS = 32
+_FIRST_KEYS = 16
 
 
 class _Held:
@@ -85,11 +85,16 @@ class _RequestKeys:
             self.rows = _NO_KEYS
         if stop > n:
             new = keys_from_hashes(hashes, n, stop)
-            if stop > self.rows.shape[0]:
-                rows = np.empty((max(stop, 2 * self.rows.shape[0]), 4), dtype=np.uint64)
+            rows = self.rows
+            if n == 0:
+                rows = new  # the conversion itself (read-only for 32-byte digests)
+            elif stop <= rows.shape[0] and rows.flags.writeable:
+                rows[n:stop] = new
+            else:
+                rows = np.empty((max(stop, 2 * rows.shape[0]), 4), dtype=np.uint64)
                 rows[:n] = self.rows[:n]
-                self.rows = rows
-            self.rows[n:stop] = new
+                rows[n:stop] = new
+            self.rows = rows
             self.n = stop
             self.last = hashes[stop - 1]
         return self.rows[:stop]
