@@ -14,6 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 
 KEY_BYTES = 32  # four uint64 words
+# One descriptor object: numpy resolves a dtype given as a type on every call.
+_UINT64 = np.dtype(np.uint64)
+_UINT8 = np.dtype(np.uint8)
 
 
 def keys_from_hashes(
@@ -97,11 +100,11 @@ def keys_from_digests(digests: Sequence[bytes]) -> np.ndarray:
             f"(got {n} hashes of {len(joined)} bytes in all, the first of {width})"
         )
     if width == KEY_BYTES:
-        return np.frombuffer(joined, dtype=np.uint64).reshape(n, 4)
+        return np.frombuffer(joined, dtype=_UINT64).reshape(n, 4)
     # Shorter digests (xxhash): pad each row; still one copy, no loop over blocks.
-    raw = np.zeros((n, KEY_BYTES), dtype=np.uint8)
-    raw[:, :width] = np.frombuffer(joined, dtype=np.uint8).reshape(n, width)
-    return raw.view(np.uint64)
+    raw = np.zeros((n, KEY_BYTES), dtype=_UINT8)
+    raw[:, :width] = np.frombuffer(joined, dtype=_UINT8).reshape(n, width)
+    return raw.view(_UINT64)
 
 
 def hash_from_key(key: np.ndarray, width: int = KEY_BYTES) -> bytes:
