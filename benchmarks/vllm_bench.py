@@ -18,7 +18,9 @@ cost nothing extra and are not counted twice.
 Per step it records the KV-manager time, the ``schedule()`` and ``update_from_output()`` times,
 and what was scheduled (tokens per request, preemptions, prefix-cache queries and hits), then
 checks that every run scheduled the same thing as the first one and prints a table of medians
-and means with the kvnumba/vLLM ratios. ``--json PATH`` writes all of it.
+and means with the kvnumba/vLLM ratios, then a per-call table of the scheduler's per-request
+calls (``get_computed_blocks``, ``allocate_slots``, ``get_blocks``, ``free``: mean and median
+microseconds per call) with the KV-manager time per step. ``--json PATH`` writes all of it.
 """
 
 from __future__ import annotations
