@@ -18,7 +18,9 @@ cost nothing extra and are not counted twice.
 Per step it records the KV-manager time, the ``schedule()`` and ``update_from_output()`` times,
 and what was scheduled (tokens per request, preemptions, prefix-cache queries and hits), then
 checks that every run scheduled the same thing as the first one and prints a table of medians
-and means with the kvnumba/vLLM ratios. ``--json PATH`` writes all of it.
+and means with the kvnumba/vLLM ratios, then a per-call table of the scheduler's per-request
+calls (``get_computed_blocks``, ``allocate_slots``, ``get_blocks``, ``free``: mean and median
+microseconds per call) with the KV-manager time per step. ``--json PATH`` writes all of it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ import numpy as np
 
 # The Mooncake trace's hash_ids each stand for this many prompt tokens.
 TRACE_HASH_BLOCK = 512
+
+# The calls the scheduler makes per request (admission, every step, output, finish): the
+# per-call table, for which every call's time is kept (for medians).
+PER_CALL_METHODS = ("get_computed_blocks", "allocate_slots", "get_blocks", "free")
 
 # vLLM and the integration log each scheduler's construction; this benchmark builds several.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -310,6 +316,7 @@ class Meter:
         "gc_in_kv_ns",
         "gc_count",
         "failed_call",
+        "samples",
         "_t",
     )
 
@@ -322,6 +329,7 @@ class Meter:
         self.gc_in_kv_ns = 0
         self.gc_count = 0
         self.failed_call: str | None = None
+        self.samples: dict[str, list[int]] = {name: [] for name in PER_CALL_METHODS}
         self._t = 0
 
     def gc_callback(self, phase: str, info: dict) -> None:
@@ -363,9 +371,11 @@ def describe_call(name: str, args: tuple, kwargs: dict) -> str:
     return f"{name}({', '.join(parts)})"
 
 
-def _timed(fn, meter: Meter, cell: list[int], name: str = "?"):
-    """``fn`` wrapped to add its wall time and one call to ``meter`` and ``cell``."""
+def _timed(fn, meter: Meter, cell: list[int], name: str = "?", samples: list | None = None):
+    """``fn`` wrapped to add its wall time and one call to ``meter`` and ``cell`` (and each
+    call's time to ``samples``, when given)."""
     clock = time.perf_counter_ns
+    keep = samples.append if samples is not None else None
 
     def timed(*args, **kwargs):
         meter.inside = True
@@ -383,6 +393,8 @@ def _timed(fn, meter: Meter, cell: list[int], name: str = "?"):
             meter.calls += 1
             cell[0] += 1
             cell[1] += dt
+            if keep is not None:
+                keep(dt)
 
     return timed
 
@@ -437,7 +449,13 @@ class TimedProxy:
                 cell[1] += dt
         value = getattr(target, name)
         if callable(value) and inspect.ismethod(value) and not name.startswith("_"):
-            wrapped = _timed(value, meter, meter.record(prefix + name), prefix + name)
+            wrapped = _timed(
+                value,
+                meter,
+                meter.record(prefix + name),
+                prefix + name,
+                meter.samples.get(prefix + name),
+            )
             # Cached on the proxy: later lookups skip __getattr__ entirely.
             object.__setattr__(self, name, wrapped)
             return wrapped
@@ -634,6 +652,8 @@ class RunResult:
         from the ``PrefillStats`` vLLM attaches to the request's first output.
     per_method : dict
         ``name -> [calls, ns]`` over the measured steps.
+    call_samples : dict
+        ``name -> [ns of each call]`` of the ``PER_CALL_METHODS``.
     add_kv_ns : int
         KV-manager time inside ``add_request`` (not part of any step).
     wall_s : float
@@ -652,6 +672,7 @@ class RunResult:
     new_blocks: list = field(default_factory=list)
     cached_tokens: dict = field(default_factory=dict)
     per_method: dict = field(default_factory=dict)
+    call_samples: dict = field(default_factory=dict)
     add_kv_ns: int = 0
     wall_s: float = 0.0
     error: dict | None = None
@@ -897,6 +918,7 @@ def run_stream(
     gc.enable()
     gc.unfreeze()
     res.per_method = {k: list(v) for k, v in meter.per_method.items()}
+    res.call_samples = {k: list(v) for k, v in meter.samples.items()}
     return res
 
 
@@ -1135,6 +1157,65 @@ def markdown_table(groups: dict[str, list[dict]], base: str, other: str) -> str:
     return "\n".join(lines)
 
 
+def _spread(values: list[float], digits: int) -> str:
+    """Median of ``values``, with their range when there are several that differ."""
+    text = _fmt(statistics.median(values), digits)
+    if len(values) > 1 and min(values) != max(values):
+        text += f" ({_fmt(min(values), digits)}-{_fmt(max(values), digits)})"
+    return text
+
+
+def per_call_table(
+    groups: dict[str, list[dict]], runs: dict[str, list[RunResult]], base: str, other: str
+) -> str:
+    """Microseconds per call of the scheduler's per-request calls, and the per-step ratio.
+
+    Parameters
+    ----------
+    groups : dict
+        ``label -> [summary of each repetition]``.
+    runs : dict
+        ``label -> [RunResult of each repetition]``.
+    base, other : str
+        Labels of the denominator (vLLM's manager) and the numerator of the ratios.
+
+    Returns
+    -------
+    str
+        A markdown table: calls per run, then per manager the mean (total time / calls) and the
+        median us per call, each the median over repetitions with their range, and the medians
+        of the per-repetition ratios; last, the KV-manager time per step (median).
+    """
+    lines = [
+        f"| call | calls per run | {base} mean | {other} mean | {other} / {base}, mean | "
+        f"{base} median | {other} median | {other} / {base}, median |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in PER_CALL_METHODS:
+        mean, median = {}, {}
+        for lab in (base, other):
+            cells = [r.per_method.get(name, [0, 0]) for r in runs[lab]]
+            mean[lab] = [ns / c / 1e3 for c, ns in cells if c]
+            samples = [r.call_samples.get(name) for r in runs[lab]]
+            median[lab] = [statistics.median(v) / 1e3 for v in samples if v]
+        calls = statistics.median(r.per_method.get(name, [0, 0])[0] for r in runs[base])
+        cells = [f"`{name}`", f"{calls:,.0f}"]
+        for per in (mean, median):
+            if per[base] and per[other]:
+                ratios = [b / a for a, b in zip(per[base], per[other], strict=False) if a]
+                cells += [_spread(per[base], 1), _spread(per[other], 1), _spread(ratios, 2)]
+            else:
+                cells += ["-", "-", "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    step = {lab: [s["kv_us"]["median"] for s in groups[lab]] for lab in (base, other)}
+    ratios = [b / a for a, b in zip(step[base], step[other], strict=False) if a]
+    lines.append(
+        f"| KV-manager time per step, median (us) | | {_spread(step[base], 1)} | "
+        f"{_spread(step[other], 1)} | {_spread(ratios, 2) if ratios else '-'} | | | |"
+    )
+    return "\n".join(lines)
+
+
 def method_table(groups: dict[str, list[dict]], runs: dict[str, list[RunResult]]) -> str:
     """Calls per run and ns per call of each manager method, medians over the repetitions."""
     labels = list(runs)
@@ -1370,6 +1451,13 @@ def main(argv=None) -> int:
             "summaries": groups,
             "checks": checks,
             "per_method": {lab: [r.per_method for r in runs[lab]] for lab in labels},
+            "per_call_median_ns": {
+                lab: [
+                    {k: statistics.median(v) for k, v in r.call_samples.items() if v}
+                    for r in runs[lab]
+                ]
+                for lab in labels
+            },
             "per_step": {lab: [r.steps for r in runs[lab]] for lab in labels},
             "env": env_info(),
         }
@@ -1430,6 +1518,12 @@ def render(args, stream, groups, runs, checks, labels, overhead, notes) -> str:
     ]
     lines += [f"- NOTE: {n}" for n in notes]
     lines += ["", markdown_table(groups, base, other), ""]
+    lines += [
+        "### Per call (us per call: median over repetitions, range in brackets)",
+        "",
+        per_call_table(groups, runs, base, other),
+        "",
+    ]
     lines.append(
         f"Steps {s0['steps']}; scheduled tokens per step (mean) {s0['tokens_per_step']:.0f}; "
         f"prefix-cache queries {s0['prefix_queries']:,} tokens, hits {s0['prefix_hits']:,}; "

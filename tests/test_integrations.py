@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvnumba._engine_keys import hash_to_key
-from kvnumba.integrations.engine_keys import hash_from_key, keys_from_hashes
+from kvnumba.integrations.engine_keys import hash_from_key, keys_from_hashes, keys_from_runs
 from kvnumba.integrations.vllm_version import (
     OVERRIDE_ENV,
     SUPPORTED_RANGE,
@@ -36,6 +36,18 @@ def test_keys_of_a_slice():
     hashes = _digests(6, 32)
     assert np.array_equal(keys_from_hashes(hashes, 2, 5), keys_from_hashes(hashes)[2:5])
     assert keys_from_hashes(hashes, 4, 4).shape == (0, 4)
+
+
+@pytest.mark.parametrize("width", [32, 8])
+def test_keys_of_several_slices_in_one_array(width):
+    a, b = _digests(6, width), _digests(9, width)[3:]
+    got = keys_from_runs([(a, 1, 3), (b, 0, 0), (b, 2, 6)])
+    assert np.array_equal(
+        got, np.concatenate([keys_from_hashes(a, 1, 3), keys_from_hashes(b, 2, 6)])
+    )
+    assert keys_from_runs([]).shape == keys_from_runs([(a, 2, 2)]).shape == (0, 4)
+    with pytest.raises(ValueError, match="block hashes must be"):
+        keys_from_runs([(a, 0, 1), (_digests(2, width // 2), 0, 1)])
 
 
 @pytest.mark.parametrize("bad", [[b"a" * 33], [b"ab", b"abc"], [b""]])

@@ -34,6 +34,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 )
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
+import kvnumba  # noqa: E402
 from kvnumba.integrations.vllm import KVNumbaKVCacheManager  # noqa: E402
 from kvnumba.integrations.vllm.scheduler import _VLLM_KV_CACHE_MANAGER  # noqa: E402
 
@@ -408,3 +409,150 @@ def test_async_steps_match_vllm_async_scheduler():
     finished = {rid for rid, _, reason in got_ref[-1]["outputs"] if reason is not None}
     assert finished == {"r1", "r2", "r3", "r4", "r5"}
     assert sum(v["computed"].get("r5", 0) for v in got_ref[:-1]) > 0, "r5 hits the prefix"
+
+
+def _ids(blocks) -> list[int]:
+    return [b.block_id for b in blocks.blocks[0]]
+
+
+def test_block_lists_follow_growth_free_and_preemption():
+    # get_blocks hands out the request's own list, as vLLM's manager does: a list taken earlier
+    # grows with the request; the new blocks allocate_slots returns are a list of their own.
+    ref, kvn = _managers(32)
+    pair = _fill(ref, kvn, "a", 2)
+    taken = [m.get_blocks("a") for m in (ref, kvn)]
+    assert len(taken[0].blocks[0]) == len(taken[1].blocks[0]) == 2
+    new = []
+    for m, r in zip((ref, kvn), pair, strict=True):
+        r.append_output_token_ids(5)
+        new.append(m.allocate_slots(r, 1, num_lookahead_tokens=2 * BS))
+        r.num_computed_tokens += 1
+    assert len(new[0].blocks[0]) == len(new[1].blocks[0]) == 3
+    for t, m in zip(taken, (ref, kvn), strict=True):
+        assert len(t.blocks[0]) == 5, "the list taken earlier grew in place"
+        assert _ids(t) == m.get_block_ids("a")[0] == _ids(m.get_blocks("a"))
+    for m, r in zip((ref, kvn), pair, strict=True):  # more slots: the earlier result stays
+        r.append_output_token_ids(6)
+        assert m.allocate_slots(r, 1, num_lookahead_tokens=4 * BS) is not None
+        r.num_computed_tokens += 1
+    assert len(new[0].blocks[0]) == len(new[1].blocks[0]) == 3
+    assert _ids(kvn.get_blocks("a")) == kvn.get_block_ids("a")[0]
+    assert kvn.coordinator.get_blocks("a")[0] is kvn.get_blocks("a").blocks[0]
+    kvn.check()
+    # Preemption frees the request; re-admitted, it gets a fresh list, hits first.
+    held_before = kvn.get_block_ids("a")[0]
+    for m, r in zip((ref, kvn), pair, strict=True):
+        m.free(r)
+        assert m.get_blocks("a") is m.empty_kv_cache_blocks
+        r.status = RequestStatus.PREEMPTED
+        r.num_computed_tokens = 0
+    assert len(taken[1].blocks[0]) == 7, "a freed request's list is left as it was"
+    hits = [m.get_computed_blocks(r) for m, r in zip((ref, kvn), pair, strict=True)]
+    assert hits[0][1] == hits[1][1] == 2 * BS
+    assert _ids(hits[1][0]) == held_before[:2]
+    for m, r, h in zip((ref, kvn), pair, hits, strict=True):
+        assert m.allocate_slots(r, r.num_tokens - h[1], h[1], h[0]) is not None
+    again = kvn.get_blocks("a")
+    assert again.blocks[0] is not taken[1].blocks[0]
+    assert _ids(again) == kvn.get_block_ids("a")[0] and _ids(again)[:2] == held_before[:2]
+    assert len(again.blocks[0]) == len(ref.get_blocks("a").blocks[0])
+    _same_view(ref, kvn)
+
+
+def test_a_corrupted_block_list_is_caught():
+    # vLLM's scheduler never changes the lists it is handed (vLLM's own manager keeps the same
+    # list); check() catches one that was changed, and a replaced wrapper is not reused.
+    _, kvn = _managers(16)
+    tokens = list(range(3 * BS))
+    r = _request("a", tokens)
+    kvn.allocate_slots(r, len(tokens))
+    blocks = kvn.get_blocks("a")
+    blocks.blocks = ([],)
+    assert _ids(kvn.get_blocks("a")) == kvn.get_block_ids("a")[0]
+    kvn.check()
+    kvn.get_blocks("a").blocks[0].pop()
+    with pytest.raises(kvnumba.InvariantViolation, match="block list"):
+        kvn.check()
+
+
+def test_lookup_keys_follow_a_rebuilt_hash_list():
+    # A waiting request's keys are converted once and reused; vLLM clears or cuts and regrows
+    # the hash list of a streaming session, and the lookup must then use the new hashes.
+    ref, kvn = _managers(32)
+    prompts = {"x": list(range(3 * BS)), "y": list(range(500, 500 + 3 * BS))}
+    block_ids = {}
+    for rid, tokens in prompts.items():
+        for m in (ref, kvn):
+            r = _request(rid, tokens)
+            m.allocate_slots(r, len(tokens))
+            r.num_computed_tokens = len(tokens)
+            block_ids[rid] = m.get_block_ids(rid)[0]  # kvnumba's, the last of the two
+            m.free(r)
+    hashes = {rid: _request(rid, t + [7]).block_hashes for rid, t in prompts.items()}
+    probe = [_request("p", prompts["x"] + [7]) for _ in range(2)]
+
+    def lookup(want: int, rid: str) -> None:
+        got = [m.get_computed_blocks(r) for m, r in zip((ref, kvn), probe, strict=True)]
+        assert got[0][1] == got[1][1] == want * BS
+        assert _ids(got[1][0]) == block_ids[rid][:want]
+
+    lookup(3, "x")
+    lookup(3, "x")  # the converted keys again
+    for r in probe:  # rebuilt shorter: the other prompt's first two blocks
+        r.block_hashes.clear()
+        r.block_hashes.extend(hashes["y"][:2])
+    lookup(2, "y")
+    for r in probe:  # cut below what was converted
+        del r.block_hashes[1:]
+    lookup(1, "y")
+    for r in probe:  # as long as before, other hashes
+        r.block_hashes[:] = hashes["x"]
+    lookup(3, "x")
+    kvn.check()
+
+
+def test_a_lookup_sees_keys_queued_by_a_running_request():
+    # Request a computes its prompt in two chunks; the second chunk's block keys are queued
+    # (registered in one batch later). A lookup whose first missed block is one of them must
+    # register them first and hit them; one that misses elsewhere leaves them queued.
+    ref, kvn = _managers(32)
+    tokens = list(range(4 * BS)) + [9]
+    pair = (_request("a", tokens), _request("a", tokens))
+    for m, r in zip((ref, kvn), pair, strict=True):
+        assert m.allocate_slots(r, 2 * BS) is not None
+        r.status = RequestStatus.RUNNING
+        r.num_computed_tokens = 2 * BS
+        assert m.allocate_slots(r, 2 * BS) is not None
+        r.num_computed_tokens = 4 * BS
+    assert kvn._pending, "the second chunk's keys are queued"
+    other = [_request("o", list(range(900, 900 + 3 * BS))) for _ in range(2)]
+    got = [m.get_computed_blocks(r)[1] for m, r in zip((ref, kvn), other, strict=True)]
+    assert got == [0, 0]
+    assert kvn._pending, "a lookup that cannot hit a queued key registers nothing"
+    same = [_request("b", tokens[: 4 * BS] + [5]) for _ in range(2)]
+    got = [m.get_computed_blocks(r) for m, r in zip((ref, kvn), same, strict=True)]
+    assert got[0][1] == got[1][1] == 4 * BS
+    assert _ids(got[1][0]) == kvn.get_block_ids("a")[0][:4]
+    assert not kvn._pending
+    _same_view(ref, kvn)
+
+
+@pytest.mark.parametrize("first_chunk", [10, 36])
+def test_long_hits_past_the_first_keys_looked_at(first_chunk):
+    # A lookup first looks at a window of keys and at all of them only when the window hits in
+    # full; the blocks past it, queued (second chunk) or registered, are hit as vLLM hits them.
+    ref, kvn = _managers(128)
+    tokens = list(range(40 * BS)) + [9]
+    pair = (_request("a", tokens), _request("a", tokens))
+    for m, r in zip((ref, kvn), pair, strict=True):
+        assert m.allocate_slots(r, first_chunk * BS) is not None
+        r.status = RequestStatus.RUNNING
+        r.num_computed_tokens = first_chunk * BS
+        assert m.allocate_slots(r, (40 - first_chunk) * BS) is not None
+        r.num_computed_tokens = 40 * BS
+    for want in (40, 35, 33, 32, 31):
+        same = [_request(f"b{want}", tokens[: want * BS] + [5, 6]) for _ in range(2)]
+        got = [m.get_computed_blocks(r) for m, r in zip((ref, kvn), same, strict=True)]
+        assert got[0][1] == got[1][1] == want * BS
+        assert _ids(got[1][0]) == kvn.get_block_ids("a")[0][:want]
+    _same_view(ref, kvn)

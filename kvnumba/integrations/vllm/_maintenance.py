@@ -139,8 +139,9 @@ class CacheMaintenance:
         ------
         kvnumba.InvariantViolation
             From kvnumba's own ``check()``, or when a held request's sequence is not live, its
-            table row, length or key count disagree with the adapter's record, or the blocks the
-            requests hold are not the blocks kvnumba counts as used.
+            table row, length or key count disagree with the adapter's record, its block list
+            (what ``get_blocks`` returns) is not its table row, or the blocks the requests hold
+            are not the blocks kvnumba counts as used.
         """
         self.flush_keys()
         self.kvnumba.check()
@@ -156,6 +157,10 @@ class CacheMaintenance:
                 problem = f"its table row holds {int(np.count_nonzero(row >= 0))} blocks"
             elif not 0 <= held.ncached <= held.nblocks:
                 problem = f"{held.ncached} keyed blocks of {held.nblocks}"
+            elif [b.block_id for b in held.blocks] != row[: held.nblocks].tolist() or any(
+                b is not self._blocks[b.block_id] for b in held.blocks
+            ):
+                problem = "its block list is not its table row"
             if problem is not None:
                 raise kvnumba.InvariantViolation(f"vLLM request {rid}: {problem}")
             held_blocks.update(row[: held.nblocks].tolist())

@@ -4,8 +4,9 @@ vLLM's scheduler reads ``kv_cache_manager.block_pool`` (free-block count, the nu
 ``kv_cache_manager.coordinator`` (block sizes, the block count a request still needs); vLLM's
 tests also read ``block_pool.blocks[i]``, ``free_block_queue``, ``cached_block_hash_to_block``
 and ``single_type_managers[0].req_to_blocks``. These views answer from kvnumba's state: the
-counters are O(1) reads of the state arrays; the whole-pool views (free queue, hash map, block
-tables) are built when asked, which only tests do, never the scheduler's step. Nothing here
+counters are O(1) reads of the state arrays; the request's block lists are the adapter's own,
+kept as vLLM keeps them; the whole-pool views (free queue, hash map) are built when asked, which
+only tests do, never the scheduler's step. Nothing here
 mutates the allocator: vLLM's mutating internals (``touch``, ``get_new_blocks``,
 ``cache_full_blocks``, linked-list surgery) are not offered.
 """
@@ -162,7 +163,7 @@ class BlockPoolView:
 
 
 class _RequestTables(Mapping):
-    """``req_to_blocks``: each held request's block list, built from its kvnumba table row."""
+    """``req_to_blocks``: each held request's block list (the one ``get_blocks`` wraps)."""
 
     def __init__(self, owner) -> None:
         self._owner = owner

@@ -21,7 +21,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
 import kvnumba
-from kvnumba.integrations.engine_keys import KEY_BYTES, keys_from_hashes
+from kvnumba.integrations.engine_keys import KEY_BYTES, keys_from_hashes, keys_from_runs
 from kvnumba.integrations.vllm import _events
 from kvnumba.integrations.vllm._maintenance import CacheMaintenance
 from kvnumba.integrations.vllm._unserved import UnservedFeatureSteps
@@ -34,20 +34,74 @@ logger = init_logger(__name__)
 
 _NO_KEYS = np.zeros((0, 4), dtype=np.uint64)
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+# Keys a lookup converts and looks at first: most lookups miss within them, and only a lookup
+# whose every one hits needs the rest.
+_FIRST_KEYS = 16
 
 
 class _Held:
     """A request's kvnumba sequence: id (also as a one-item array, the form kvnumba's calls
-    take without conversion), table row, blocks held, leading blocks with keys."""
+    take without conversion), table row, blocks held, leading blocks with keys, and the block
+    stand-ins of its table row.
 
-    __slots__ = ("seq", "ids", "slot", "nblocks", "ncached")
+    ``blocks`` is the request's block list as vLLM's ``req_to_blocks`` keeps it: one list,
+    extended in place as the request grows, and ``view`` the ``KVCacheBlocks`` around it, so
+    that ``get_blocks`` builds nothing. A held request's row only grows at its tail (the
+    sequence never shrinks, and a reset or eviction never touches a held block), so the list
+    stays the row; ``check()`` compares them.
+    """
 
-    def __init__(self, seq: int, slot: int, nblocks: int, ncached: int) -> None:
+    __slots__ = ("seq", "ids", "slot", "nblocks", "ncached", "blocks", "view")
+
+    def __init__(self, seq: int, slot: int, nblocks: int, ncached: int, blocks: list) -> None:
         self.seq = seq
         self.ids = np.array([seq], dtype=np.int64)
         self.slot = slot
         self.nblocks = nblocks
         self.ncached = ncached
+        self.blocks = blocks
+        self.view = KVCacheBlocks((blocks,))
+
+
+class _RequestKeys:
+    """The keys of a request's block hashes, each hash converted once.
+
+    A waiting request is looked up again on every step it stays blocked, and admitted with the
+    same leading keys: both take rows of this array, and only hashes not seen before are
+    converted. vLLM only appends to ``request.block_hashes``, except for streaming sessions,
+    whose list it clears or cuts and regrows: the last hash converted is kept and compared by
+    identity, so a list cut below it, or rebuilt, is converted afresh.
+    """
+
+    __slots__ = ("request", "rows", "n", "last")
+
+    def __init__(self, request) -> None:
+        self.request = request
+        self.rows = _NO_KEYS
+        self.n = 0
+        self.last = None
+
+    def upto(self, hashes, stop: int) -> np.ndarray:
+        """Keys of ``hashes[:stop]`` (``stop <= len(hashes)``), converting the new ones."""
+        n = self.n
+        if n and (len(hashes) < n or hashes[n - 1] is not self.last):
+            n = self.n = 0  # cut or rebuilt: start again, in a new array
+            self.rows = _NO_KEYS
+        if stop > n:
+            new = keys_from_hashes(hashes, n, stop)
+            rows = self.rows
+            if n == 0:
+                rows = new  # the conversion itself (read-only for 32-byte digests)
+            elif stop <= rows.shape[0] and rows.flags.writeable:
+                rows[n:stop] = new
+            else:
+                rows = np.empty((max(stop, 2 * rows.shape[0]), 4), dtype=np.uint64)
+                rows[:n] = self.rows[:n]
+                rows[n:stop] = new
+            self.rows = rows
+            self.n = stop
+            self.last = hashes[stop - 1]
+        return self.rows[:stop]
 
 
 class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
@@ -165,12 +219,22 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         # The last lookup's hit ids, so that allocate_slots counts the hits at refcount 0
         # without reading them back from the block objects.
         self._last_hits: tuple[str, np.ndarray] | None = None
-        # Keys of running requests' newly full blocks, registered in one call (flush_keys).
+        # Keys of running requests' newly full blocks, registered in one call (flush_keys),
+        # and their digests, which a lookup checks its first miss against.
         self._pending: dict[int, tuple[_Held, object, int]] = {}
+        self._pending_digests: set[bytes] = set()
         # One-request argument arrays for set_keys, reused: kvnumba passes int64 arrays through.
         self._key_args = np.zeros((2, 1), dtype=np.int64)  # starts, counts
+        # Keys of the requests looked up and not admitted yet (see _RequestKeys); dropped at
+        # admission and free, and all at once past a bound (requests dropped unfreed).
+        self._lookup_keys: dict[str, _RequestKeys] = {}
+        self._lookup_keys_cap = 2 * self.kvnumba.max_seqs
         self.block_pool = BlockPoolView(self)
         self._blocks = self.block_pool.blocks
+        # The stand-ins as an object array: a row of block ids becomes their list in one
+        # numpy take, with no Python work per block.
+        self._block_arr = np.empty(len(self._blocks), dtype=object)
+        self._block_arr[:] = self._blocks
         self.coordinator = CoordinatorView(self, spec)
 
     # ------------------------------------------------------------------------------ helpers
@@ -181,17 +245,24 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         self.hash_width = len(hashes[start])
         return keys_from_hashes(hashes, start, stop)
 
+    def _request_keys(self, request) -> _RequestKeys:
+        """The key cache of a request not yet admitted (made on its first lookup)."""
+        rk = self._lookup_keys.get(request.request_id)
+        if rk is None or rk.request is not request:
+            if len(self._lookup_keys) >= self._lookup_keys_cap:
+                self._lookup_keys.clear()
+            rk = self._lookup_keys[request.request_id] = _RequestKeys(request)
+        return rk
+
     def _wrap(self, block_ids: np.ndarray) -> KVCacheBlocks:
         """``KVCacheBlocks`` of the stand-ins of ``block_ids`` (the empty one if none)."""
         if block_ids.shape[0] == 0:
             return self.empty_kv_cache_blocks
-        return KVCacheBlocks((list(map(self._blocks.__getitem__, block_ids.tolist())),))
+        return KVCacheBlocks((self._block_arr[block_ids].tolist(),))
 
     def blocks_of(self, request_id: str) -> list:
-        """Block stand-ins of a held request, from its kvnumba table row."""
-        held = self.held[request_id]
-        row = self._table[held.slot, : held.nblocks]
-        return list(map(self._blocks.__getitem__, row.tolist()))
+        """Block stand-ins of a held request: its block list (``req_to_blocks``)."""
+        return self.held[request_id].blocks
 
     def _num_free(self) -> int:
         return self._usable - int(self._meta[Meta.USED])
@@ -223,18 +294,28 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         """
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0, 0
-        self.flush_keys()
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
         hashes = request.block_hashes
         n = min(max_cache_hit_length // self.block_size, len(hashes))
         if n <= 0:
             return self.empty_kv_cache_blocks, 0, 0
-        # Length n blocks + 1 token: kvnumba's last-token rule then allows exactly n hits.
-        found = self.kvnumba.lookup_one(
-            length=n * self.block_size + 1, keys=self._keys(hashes, 0, n)
-        )
-        hits = found.shape[0]
+        self.hash_width = len(hashes[0])
+        rk = self._request_keys(request)
+        # A hit ends at the first block missed, so the first keys decide most lookups.
+        k = n if n <= _FIRST_KEYS or rk.n >= n else _FIRST_KEYS
+        while True:
+            # Length k blocks + 1 token: kvnumba's last-token rule then allows k hits.
+            found = self.kvnumba.lookup_one(length=k * self.block_size + 1, keys=rk.upto(hashes, k))
+            hits = found.shape[0]
+            # Keys queued by running requests (flush_keys) can only lengthen the hit if the
+            # first missed block's hash is one of them; only then are they registered first.
+            if hits < k and hashes[hits] in self._pending_digests:
+                self.flush_keys()  # empties the queue: this is done at most once
+                continue
+            if hits < k or k == n:
+                break
+            k = n
         if self.use_eagle and hits:
             hits -= 1  # EAGLE recomputes the last hit block for its hidden states
         if hits == 0:
@@ -452,7 +533,9 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             return self.empty_kv_cache_blocks
         if self._events_on:
             self._drain(request, held)  # evictions by the append
-        return self._wrap(self._table[held.slot, old : held.nblocks])
+        new = self._block_arr[self._table[held.slot, old : held.nblocks]].tolist()
+        held.blocks += new  # in place: the list get_blocks handed out grows, as vLLM's does
+        return KVCacheBlocks((new,))
 
     def _admit(self, request, slots: int, num_hits: int, to_cache: int) -> KVCacheBlocks | None:
         """First allocation of a request: one kvnumba ``admit`` of its blocks.
@@ -467,15 +550,18 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         num_keys = 0
         if self.enable_caching:
             num_keys = max(min(to_cache, len(hashes) * bs) // bs, num_hits)
+        rk = self._lookup_keys.get(request.request_id)
+        if rk is not None and rk.request is request and num_keys <= len(hashes):
+            keys = rk.upto(hashes, num_keys)
+        else:
+            keys = self._keys(hashes, 0, num_keys)
         try:
             seq, cached = self.kvnumba.admit_one(
-                None,
-                length=nblocks * bs,
-                keys=self._keys(hashes, 0, num_keys),
-                max_hit_blocks=num_hits,
+                None, length=nblocks * bs, keys=keys, max_hit_blocks=num_hits
             )
         except (kvnumba.PoolExhausted, kvnumba.TooManySequences):
             return None
+        self._lookup_keys.pop(request.request_id, None)
         if cached != num_hits * bs:
             self.kvnumba.release([seq])
             raise RuntimeError(
@@ -483,12 +569,16 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
                 f"allocate_slots but only {cached // bs} are still cached (get_computed_blocks "
                 "and allocate_slots must not be separated by calls that evict)"
             )
-        held = _Held(seq, seq & self._slot_mask, nblocks, num_keys)
+        slot = seq & self._slot_mask
+        blocks = self._block_arr[self._table[slot, :nblocks]].tolist()
+        held = _Held(seq, slot, nblocks, num_keys, blocks)
         self.held[request.request_id] = held
         self._last_hits = None
         if self._events_on:
             self._drain(request, held)
-        return self._wrap(self._table[held.slot, num_hits:nblocks])
+        if nblocks == num_hits:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks((blocks[num_hits:],))
 
     def _cache_upto(self, held: _Held, request, num_tokens: int) -> None:
         """Register the keys of the request's blocks full within its first ``num_tokens``."""
@@ -496,8 +586,11 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         full = min(num_tokens, len(hashes) * self.block_size) // self.block_size
         if full > held.nblocks:
             full = held.nblocks
-        if full <= held.ncached:
-            return
+        if full > held.ncached:
+            self._set_keys_one(held, hashes, full)
+
+    def _set_keys_one(self, held: _Held, hashes, full: int) -> None:
+        """Register the keys of the request's blocks ``held.ncached`` to ``full - 1``."""
         arg = self._key_args
         arg[0, 0], arg[1, 0] = held.ncached, full - held.ncached
         self.kvnumba.set_keys(held.ids, arg[0], arg[1], self._keys(hashes, held.ncached, full))
@@ -508,31 +601,42 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         full = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
         if full > held.nblocks:
             full = held.nblocks
-        if full > held.ncached:
+        queued = self._pending.get(held.seq)
+        start = held.ncached if queued is None else queued[2]
+        if full > start:
+            self._pending_digests.update(request.block_hashes[start:full])
             self._pending[held.seq] = (held, request, full)
 
     def flush_keys(self) -> None:
-        """Register the keys queued by this step's running requests: one ``set_keys`` call.
+        """Register the keys queued by running requests: one ``set_keys`` call.
 
         A decode step fills a block for about one request in ``block_size``; their keys are
-        registered together (one kvnumba call instead of one per request, 25x cheaper for 16)
-        before anything can read them: every lookup, admission, free, reset, eviction, event
-        drain, check or view flushes first. The blocks are held by their requests meanwhile, so
-        no allocation can evict them or see them cached.
+        registered together (one kvnumba call instead of one per request) before anything can
+        read them: every admission, reset, eviction, event drain, check or view flushes first; a
+        lookup does when the first block it misses has a queued key (otherwise the queued keys
+        cannot change its result); a free or an estimate of cached tokens does when the request
+        has queued keys itself. The blocks are held by their requests meanwhile, so no
+        allocation can evict them or see them cached.
         """
         pending = self._pending
         if not pending:
             return
+        if len(pending) == 1:
+            for held, request, full in pending.values():
+                self._set_keys_one(held, request.block_hashes, full)
+            pending.clear()
+            self._pending_digests.clear()
+            return
         items = list(pending.values())
-        n = len(items)
-        ids = np.fromiter((h.seq for h, _, _ in items), dtype=np.int64, count=n)
-        starts = np.fromiter((h.ncached for h, _, _ in items), dtype=np.int64, count=n)
-        counts = np.fromiter((f - h.ncached for h, _, f in items), dtype=np.int64, count=n)
-        keys = [self._keys(r.block_hashes, h.ncached, f) for h, r, f in items]
-        self.kvnumba.set_keys(ids, starts, counts, keys[0] if n == 1 else np.concatenate(keys))
+        # ids, starts and counts as three contiguous rows of one array.
+        args = np.array([(h.seq, h.ncached, f - h.ncached) for h, _, f in items], dtype=np.int64)
+        args = args.T.copy()
+        keys = keys_from_runs([(r.block_hashes, h.ncached, f) for h, r, f in items])
+        self.kvnumba.set_keys(args[0], args[1], args[2], keys)
         for h, _, f in items:
             h.ncached = f
         pending.clear()
+        self._pending_digests.clear()
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         """Register the keys of the blocks full within ``num_computed_tokens`` (``set_keys``)."""
@@ -546,18 +650,25 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
 
     def free(self, request) -> None:
         """Release the request's sequence (tail block first; keyed blocks stay cached)."""
-        self.flush_keys()
+        self._lookup_keys.pop(request.request_id, None)
         held = self.held.pop(request.request_id, None)
         if held is not None:
+            # Its own queued keys first, so that its full blocks stay cached; the other
+            # requests' keys can wait (their blocks are held).
+            if held.seq in self._pending:
+                self.flush_keys()
             self.kvnumba.release(held.ids)
 
     # ------------------------------------------------------------------------- block access
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's blocks (the empty ``KVCacheBlocks`` if it holds none)."""
         held = self.held.get(request_id)
-        if held is None:
+        if held is None or not held.blocks:
             return self.empty_kv_cache_blocks
-        return self._wrap(self._table[held.slot, : held.nblocks])
+        view = held.view
+        if view.blocks[0] is not held.blocks:  # someone replaced the returned object's list
+            view = held.view = KVCacheBlocks((held.blocks,))
+        return view
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block ids, one list (one group)."""
@@ -578,7 +689,8 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         held = self.held.get(request.request_id)
         if held is None:
             return 0
-        self.flush_keys()
+        if held.seq in self._pending:  # its own queued keys only: they are its blocks' flags
+            self.flush_keys()
         row = self._table[held.slot, : held.nblocks]
         keyed = np.flatnonzero(self._flags[row] & BlockFlag.HASHED)
         return int(keyed[-1] + 1) * self.block_size if keyed.shape[0] else 0
