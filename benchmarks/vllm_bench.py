@@ -1,6 +1,7 @@
 """Side-by-side benchmark of vLLM's own Scheduler with vLLM's KV cache manager and kvnumba's.
 
-Run inside the cached vLLM 0.33.0 CPU environment (``scripts/vllm_env.sh bench [ARGS]``). In one
+Run inside a cached vLLM CPU environment (``scripts/vllm_env.sh [--vllm 0.32.0] bench [ARGS]``;
+``--async-scheduling`` drives vLLM's ``AsyncScheduler`` and ``KVNumbaAsyncScheduler``). In one
 process it builds a request stream (the Mooncake trace's lengths and 512-token prefix structure,
 or a synthetic stream), then drives vLLM's ``Scheduler`` through it step by step: ``schedule()``,
 a fake ``ModelRunnerOutput`` with one sampled token per request that finished its prefill, and
@@ -555,6 +556,9 @@ class Engine:
             cache_config=cache_config,
             parallel_config=ParallelConfig(),
         )
+        # vLLM's CPU platform turns async scheduling off while it builds the config; a GPU engine
+        # leaves it on, and this benchmark has no model runner to overlap with anyway.
+        self.vllm_config.scheduler_config.async_scheduling = args.async_scheduling
         register_all_kvcache_specs(self.vllm_config)
         # The tests' spec: the pool is counted in blocks, the tensor shape does not matter here.
         self.kv_spec = FullAttentionSpec(
@@ -602,15 +606,24 @@ class Engine:
         )
 
 
-def scheduler_classes():
-    """vLLM's ``Scheduler`` and kvnumba's ``KVNumbaScheduler`` (or the import error).
+def scheduler_classes(async_scheduling: bool = False):
+    """vLLM's scheduler class and kvnumba's ``KVNumbaScheduler`` (or the import error).
+
+    Parameters
+    ----------
+    async_scheduling : bool
+        vLLM's ``AsyncScheduler`` instead of its ``Scheduler``, as vLLM picks by the config;
+        ``KVNumbaScheduler`` picks ``KVNumbaAsyncScheduler`` by the same flag itself.
 
     Returns
     -------
     tuple
-        ``(Scheduler, KVNumbaScheduler or None, error text or None)``.
+        ``(vLLM's class, KVNumbaScheduler or None, error text or None)``.
     """
-    from vllm.v1.core.sched.scheduler import Scheduler
+    if async_scheduling:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as Scheduler
+    else:
+        from vllm.v1.core.sched.scheduler import Scheduler
 
     try:
         import kvnumba
@@ -1297,6 +1310,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     e.add_argument("--max-num-batched-tokens", type=int, default=8192)
     e.add_argument("--max-model-len", type=int, default=32768)
     e.add_argument("--no-prefix-caching", action="store_true")
+    e.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="vLLM's AsyncScheduler (and KVNumbaAsyncScheduler) instead of the sync Scheduler",
+    )
     r = p.add_argument_group("runs")
     r.add_argument(
         "--managers",
@@ -1366,7 +1384,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     engine = Engine(args)
     log(f"vLLM config ready in {time.perf_counter() - t0:.1f} s")
-    native_cls, kvn_cls, kvn_error = scheduler_classes()
+    native_cls, kvn_cls, kvn_error = scheduler_classes(args.async_scheduling)
     wanted = [m.strip() for m in args.managers.split(",") if m.strip()]
     plan: list[tuple[str, type]] = []
     notes = []
@@ -1495,8 +1513,9 @@ def render(args, stream, groups, runs, checks, labels, overhead, notes) -> str:
     base = labels[0]
     other = labels[1] if len(labels) > 1 else labels[0]
     s0 = groups[base][0]
+    kind = "AsyncScheduler" if args.async_scheduling else "Scheduler"
     lines = [
-        f"## vLLM 0.33.0 Scheduler: {base} vs {other} KV cache manager",
+        f"## vLLM {__import__('vllm').__version__} {kind}: {base} vs {other} KV cache manager",
         "",
         f"- workload: {json.dumps(stream.info)}",
         f"- engine: model config {args.model}, block_size {args.block_size}, "
