@@ -26,6 +26,7 @@ from kvnumba.integrations.vllm_compile import PRECOMPILE_ENV, compile_lock, want
         (None, ["vllm", "serve", "m", "--scheduler-cls", "kvnumba.integrations.vllm.X"], True),
         (None, ["vllm", "serve", "m"], False),
         ("", ["python", "bench.py"], False),
+        (None, ["python", "e2e.py", "--model-dir", "/cache/kvnumba-vllm/model"], False),
     ],
 )
 def test_the_background_compile_runs_when_asked_or_kvnumba_is_named(setting, argv, expected):

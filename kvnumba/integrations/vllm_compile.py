@@ -15,8 +15,9 @@ keep that out of a vLLM start:
 The plugin compiles in child processes because the engine's own process must not load numba
 before vLLM's CPU worker starts, so that the compile takes the GIL of no engine thread, and so
 that the groups compile in parallel. It
-runs when ``KVNUMBA_VLLM_PRECOMPILE`` is ``1``, or, unset, when the command line names kvnumba
-(``--scheduler-cls kvnumba.integrations.vllm.KVNumbaScheduler``); ``0`` turns it off. This
+runs when ``KVNUMBA_VLLM_PRECOMPILE`` is ``1``, or, unset, when the command line names kvnumba's
+scheduler (``--scheduler-cls kvnumba.integrations.vllm.KVNumbaScheduler``); ``0`` turns it
+off. This
 module imports neither numba nor vLLM.
 """
 
@@ -37,6 +38,9 @@ from pathlib import Path
 log = logging.getLogger("kvnumba")
 
 PRECOMPILE_ENV = "KVNUMBA_VLLM_PRECOMPILE"
+#: Named on a command line (``--scheduler-cls kvnumba.integrations.vllm.KVNumbaScheduler``), it
+#: asks for the background compile when ``KVNUMBA_VLLM_PRECOMPILE`` is unset.
+SCHEDULER_MODULE = "kvnumba.integrations.vllm"
 #: ``len(kvnumba.kernels.ENGINE_GROUPS)`` (a test checks they agree; this module imports no numba).
 NUM_GROUPS = 2
 
@@ -87,7 +91,9 @@ def wanted(argv: list[str] | None = None, environ=None) -> bool:
     setting = environ.get(PRECOMPILE_ENV, "")
     if setting in ("0", "1"):
         return setting == "1"
-    return any("kvnumba" in arg for arg in (sys.argv if argv is None else argv))
+    # The scheduler class's module path, not just the name: a path such as a cache folder may
+    # contain "kvnumba" without kvnumba being asked for.
+    return any(SCHEDULER_MODULE in arg for arg in (sys.argv if argv is None else argv))
 
 
 def start_background_compile() -> list[subprocess.Popen]:
