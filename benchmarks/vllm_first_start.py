@@ -61,24 +61,8 @@ def worker(manager: str, model_dir: Path, out: Path) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    sizes = e2e.engine_settings(True)
     kwargs = {} if manager == "vllm" else {"scheduler_cls": e2e.SCHEDULERS["kvnumba"]}
-    llm = LLM(
-        model=str(model_dir),
-        skip_tokenizer_init=True,
-        dtype="float32",
-        seed=0,
-        enforce_eager=True,
-        distributed_executor_backend="uni",
-        block_size=e2e.BLOCK_SIZE,
-        enable_prefix_caching=True,
-        max_num_batched_tokens=sizes["max_num_batched_tokens"],
-        max_num_seqs=sizes["max_num_seqs"],
-        max_model_len=sizes["max_model_len"],
-        num_gpu_blocks_override=sizes["num_blocks"],
-        kv_cache_memory_bytes=sizes["num_blocks"] * e2e.kv_bytes_per_block(),
-        **kwargs,
-    )
+    llm = LLM(**e2e.llm_settings(model_dir, quick=True), **kwargs)
     ready = time.perf_counter() - start_wall
     t = time.perf_counter()
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, detokenize=False)

@@ -18,7 +18,7 @@ from kvnumba import errors as E
 from kvnumba._engine_keys import key_array
 from kvnumba._kernels.entry import ADMIT_ONE_CACHED, ADMIT_ONE_ID, APPEND_ONE_RESULT, STATUS
 from kvnumba.ids import split_id
-from kvnumba.inputs import CAP_NONE, INT64, NO_KEYS, NO_TOKENS, index_array
+from kvnumba.inputs import CAP_NONE, INT64, NO_KEYS, NO_TOKENS, UINT64, index_array
 
 
 def as_int(value, name: str) -> int:
@@ -184,6 +184,23 @@ class OneRequest:
         SequenceTooLong, ValueError, TypeError
             As ``lookup``.
         """
+        # An engine's common call first, with the fewest tests, as in admit_one.
+        if (
+            self.block_keys
+            and max_hit_blocks is None
+            and type(keys) is np.ndarray
+            and keys.dtype is UINT64
+            and keys.ndim == 2
+            and keys.shape[1] == 4
+            and type(length) is int
+            and 1 <= length <= self.max_seq_len
+            and type(salt) is int
+        ):
+            status, _, hits = self.kernels.k_lookup_one_keys(
+                length, salt, keys, CAP_NONE, *self.arenas.one_args
+            )
+            if status == 0:
+                return hits
         length, salt = as_int(length, "length"), as_int(salt, "salt")
         cap = CAP_NONE if max_hit_blocks is None else as_int(max_hit_blocks, "max_hit_blocks")
         keys = key_array(keys)

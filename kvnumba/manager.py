@@ -391,51 +391,7 @@ class BlockManager:
     set_keys = part_call("_keys", EngineKeys.set_keys)
     take_events = part_call("_keys", EngineKeys.take_events)
 
-    def lookup_one(self, *, length, salt=0, keys, max_hit_blocks=None) -> np.ndarray:
-        """The blocks ``admit_one(None, length=..., keys=...)`` would reuse now, claiming
-        nothing (``block_keys=True``; the one-request form of ``lookup``).
-
-        Parameters
-        ----------
-        length : int
-            The prompt's length.
-        salt : int, default 0
-            Cache salt.
-        keys : integer array-like of shape (K, 4)
-            The engine keys of the prompt's first K full blocks.
-        max_hit_blocks : int, optional
-            Cap on the blocks reported.
-
-        Returns
-        -------
-        numpy.ndarray of int64
-            The hit blocks, in order (their number times ``block_size`` is the cached length).
-
-        Raises
-        ------
-        SequenceTooLong, ValueError, TypeError
-            As ``lookup``.
-        """
-        # An engine's common call first, with the fewest tests, as in admit_one.
-        if (
-            self._keyed_fast
-            and max_hit_blocks is None
-            and type(keys) is np.ndarray
-            and keys.dtype is UINT64
-            and keys.ndim == 2
-            and keys.shape[1] == 4
-            and type(length) is int
-            and 1 <= length <= self._max_seq_len
-            and type(salt) is int
-        ):
-            status, _, hits = self._kernels.k_lookup_one_keys(
-                length, salt, keys, CAP_NONE, *self._arenas.one_args
-            )
-            if status == 0:
-                return hits
-        return self._one.lookup_one(
-            length=length, salt=salt, keys=keys, max_hit_blocks=max_hit_blocks
-        )
+    lookup_one = part_call("_one", OneRequest.lookup_one)
 
     pending_events = property(lambda self: self._keys.pending, doc="Whether events wait.")
 

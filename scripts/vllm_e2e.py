@@ -221,6 +221,41 @@ def _plain(value):
     return value
 
 
+def llm_settings(model_dir: Path, quick: bool, async_scheduling: bool = False) -> dict:
+    """The ``vllm.LLM`` arguments of every run but the scheduler class.
+
+    Parameters
+    ----------
+    model_dir : Path
+        The model written by :func:`make_model`.
+    quick : bool
+        The smaller workload's sizes.
+    async_scheduling : bool
+        Ask vLLM for async scheduling.
+    """
+    sizes = engine_settings(quick)
+    return dict(
+        model=str(model_dir),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        seed=0,
+        enforce_eager=True,
+        distributed_executor_backend="uni",
+        block_size=BLOCK_SIZE,
+        enable_prefix_caching=True,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=sizes["max_num_batched_tokens"],
+        max_num_seqs=sizes["max_num_seqs"],
+        max_model_len=sizes["max_model_len"],
+        num_gpu_blocks_override=sizes["num_blocks"],
+        kv_cache_memory_bytes=sizes["num_blocks"] * kv_bytes_per_block(),
+        # The null publisher: the scheduler still collects the manager's events and hands each
+        # step's batch to publish(), which run_engine wraps; nothing is sent anywhere.
+        kv_events_config={"enable_kv_cache_events": True, "publisher": "null"},
+        async_scheduling=async_scheduling,
+    )
+
+
 def run_engine(
     manager: str, model_dir: Path, quick: bool, async_scheduling: bool, repeat: bool = False
 ) -> dict:
@@ -250,31 +285,10 @@ def run_engine(
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    sizes = engine_settings(quick)
     kwargs = {}
     if SCHEDULERS[manager] is not None:
         kwargs["scheduler_cls"] = SCHEDULERS[manager]
-    llm = LLM(
-        model=str(model_dir),
-        skip_tokenizer_init=True,
-        dtype="float32",
-        seed=0,
-        enforce_eager=True,
-        distributed_executor_backend="uni",
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=True,
-        enable_chunked_prefill=True,
-        max_num_batched_tokens=sizes["max_num_batched_tokens"],
-        max_num_seqs=sizes["max_num_seqs"],
-        max_model_len=sizes["max_model_len"],
-        num_gpu_blocks_override=sizes["num_blocks"],
-        kv_cache_memory_bytes=sizes["num_blocks"] * kv_bytes_per_block(),
-        # The null publisher: the scheduler still collects the manager's events and hands each
-        # step's batch to publish(), which is wrapped below; nothing is sent anywhere.
-        kv_events_config={"enable_kv_cache_events": True, "publisher": "null"},
-        async_scheduling=async_scheduling,
-        **kwargs,
-    )
+    llm = LLM(**llm_settings(model_dir, quick, async_scheduling), **kwargs)
     core = llm.llm_engine.engine_core.engine_core  # the in-process EngineCore
     sched = core.scheduler
     config = llm.llm_engine.vllm_config
