@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -93,3 +94,27 @@ def test_compile_command_engine_only_and_its_options():
     for wrong in (["--group", "0"], ["--engine", "--group", "7"]):
         refused = subprocess.run([*run, *wrong], env=env, capture_output=True, text=True)
         assert refused.returncode == 2 and "--group" in refused.stderr
+
+
+def test_a_cold_manager_compiles_one_group_itself_and_the_other_in_a_child(tmp_path):
+    # A fresh numba cache needs a fresh process (numba reads NUMBA_CACHE_DIR at import).
+    script = (
+        "import json\n"
+        "from kvnumba import kernels\n"
+        "from kvnumba.integrations import vllm_compile as c\n"
+        "c.load_engine_kernels()\n"
+        "print(json.dumps({'report': c.report, 'children': [ch.args for ch in c._children],\n"
+        "    'codes': [ch.returncode for ch in c._children],\n"
+        "    'uncached': kernels.uncached(kernels.ENGINE)}))\n"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop(PRECOMPILE_ENV, None)
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["report"]["compiled"] == len(kernels.ENGINE)
+    assert result["uncached"] == []
+    assert result["codes"] == [0]
+    assert result["children"][0][-3:] == ["--group", "1", "--quiet"]
+    assert "compiling 7 kernels" in out.stderr and "compiled in" in out.stderr
