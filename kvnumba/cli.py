@@ -106,7 +106,14 @@ def _compile(args: list[str]) -> int:
     # processes.
     with compile_lock(groups):
         start = time.process_time()
-        kernels.compile_all(names, progress=progress)
+        for name in names:
+            after = kernels.ENGINE_AFTER.get(name) if options.group is not None else None
+            if after is None:
+                kernels.compile_all([name], progress=progress)
+                continue
+            # Its worker comes from another group's compile: wait for it, load it cached.
+            with compile_lock([after], exclusive=False):
+                kernels.compile_all([name], progress=progress)
     if not options.quiet:
         what = "engine kernels" if options.engine else "all kernels"
         print(f"{what}: {time.process_time() - start:.1f} s of CPU")

@@ -204,12 +204,16 @@ PLAIN = tuple(name for name in SIGNATURES if name not in PAGED and name not in L
 #: admission and growth of one request with engine keys, key registration, release, and the
 #: batched calls a failed one-request call falls back to (so that the first preemption does not
 #: compile), in two groups of about equal compile time that compile in parallel where there is
-#: a core for each (``kvnumba compile --engine --group I``). The admission's worker carries most
-#: of it (it also compiles the shared growth worker, which the second group compiles again).
+#: a core for each (``kvnumba compile --engine --group I``). The one-request admission carries
+#: most of it (its worker also compiles the shared growth worker, which the second group
+#: compiles again).
 ENGINE_GROUPS = (
-    ("k_admit_one_keys", "k_admit_keys"),
-    ("k_lookup_one_keys", "k_append_one", "k_set_keys", "k_release", "k_append"),
+    ("k_admit_one_keys",),
+    ("k_lookup_one_keys", "k_append_one", "k_set_keys", "k_release", "k_append", "k_admit_keys"),
 )
+#: Kernels of a group that share their worker with another group's kernel: compiled alone, a
+#: group waits for that group's compile (its lock) and loads the worker from the cache.
+ENGINE_AFTER = {"k_admit_keys": 0}
 #: All of :data:`ENGINE_GROUPS`; ``kvnumba compile --engine`` compiles just these.
 ENGINE = tuple(name for group in ENGINE_GROUPS for name in group)
 

@@ -176,11 +176,15 @@ def load_engine_kernels(logger: logging.Logger = log) -> None:
             PRECOMPILE_ENV,
         )
         # The first group here, the others meanwhile in child processes (a core each where
-        # there are cores), then their kernels are loaded from the cache below.
-        _start_children(
-            group for group in _all_groups()[1:] if set(kernels.ENGINE_GROUPS[group]) & set(missing)
-        )
+        # there are cores), then their kernels are loaded from the cache below. The first
+        # group's lock is taken before the children start: they wait for it where they need
+        # its workers (kernels.ENGINE_AFTER).
         with compile_lock([0]):
+            _start_children(
+                group
+                for group in _all_groups()[1:]
+                if set(kernels.ENGINE_GROUPS[group]) & set(missing)
+            )
             kernels.compile_all(kernels.ENGINE_GROUPS[0])
         wait_for_compile()
     with compile_lock(_all_groups()):
