@@ -235,6 +235,34 @@ def test_one_free_block_decides_a_decode_step(spare):
     _same_view(ref, kvn)
 
 
+def test_a_deferred_free_holds_the_blocks_until_the_pool_takes_them_back():
+    # vLLM's scheduler defers a free while a step in flight may write the blocks:
+    # pop_blocks_for_free drops the request, block_pool.free_blocks returns its blocks later.
+    ref, kvn = _managers(12)
+    a = _fill(ref, kvn, "a", 3)
+    _fill(ref, kvn, "b", 2)
+    ids = kvn.get_block_ids("a")[0]
+    for m, r in zip((ref, kvn), a, strict=True):
+        m.cache_blocks(r, 3 * BS)
+    popped = [m.pop_blocks_for_free(r) for m, r in zip((ref, kvn), a, strict=True)]
+    assert [b.block_id for b in popped[1]] == ids
+    assert len(popped[0]) == 3
+    assert kvn.get_block_ids("a") == ([],)  # the request's bookkeeping is gone
+    assert [b.block_id for b in kvn.deferred[ids[-1]].blocks] == ids
+    _same_view(ref, kvn)  # still held: the free count has not moved
+    with pytest.raises(ValueError, match="pop_blocks_for_free"):
+        kvn.block_pool.free_blocks(popped[1][:2])  # not all of them
+    for m, blocks in zip((ref, kvn), popped, strict=True):
+        m.block_pool.free_blocks(reversed(blocks))
+    _same_view(ref, kvn)
+    assert not kvn.deferred
+    # Its full blocks stayed cached: the same prompt hits them.
+    again = [_request("a2", list(r.all_token_ids) + [1]) for r in a]
+    hits = [m.get_computed_blocks(r)[1] for m, r in zip((ref, kvn), again, strict=True)]
+    assert hits[0] == hits[1] == 3 * BS
+    assert kvn.pop_blocks_for_free(_request("none", [1, 2, 3])) == []
+
+
 # Schedulers: one class name for both of vLLM's scheduling modes.
 
 _VLLM_CONFIGS: dict[bool, object] = {}

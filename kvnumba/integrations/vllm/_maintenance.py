@@ -146,7 +146,10 @@ class CacheMaintenance:
         self.flush_keys()
         self.kvnumba.check()
         held_blocks = set()
-        for rid, held in self.held.items():
+        popped = {
+            f"popped for a deferred free, tail block {b}": h for b, h in self.deferred.items()
+        }
+        for rid, held in (*self.held.items(), *popped.items()):
             row = self._table[held.slot]
             problem = None
             if not self.kvnumba.is_live(held.seq):

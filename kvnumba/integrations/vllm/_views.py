@@ -119,6 +119,10 @@ class BlockPoolView:
         self._owner.flush_keys()
         return block_hash_of(self.state, block_id, self._owner.hash_width)
 
+    def free_blocks(self, ordered_blocks) -> None:
+        """Return the blocks of a deferred free (``pop_blocks_for_free``) to the pool."""
+        self._owner.free_popped(ordered_blocks)
+
     def get_num_free_blocks(self) -> int:
         """Blocks not referenced by any request (empty or cached), as vLLM counts them."""
         return self._usable - int(self.state.meta[Meta.USED])

@@ -213,6 +213,9 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         self._slot_mask = slot_mask(self.kvnumba.max_seqs)
         self._usable = num_blocks - 1
         self.held: dict[str, _Held] = {}
+        # Requests whose blocks pop_blocks_for_free handed out, by their tail block (a block of
+        # that request alone), until block_pool.free_blocks returns them.
+        self.deferred: dict[int, _Held] = {}
         self.hash_width = KEY_BYTES
         self.pending_events: list = []
         self._events_on = enable_kv_cache_events and enable_caching
@@ -658,6 +661,52 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             if held.seq in self._pending:
                 self.flush_keys()
             self.kvnumba.release(held.ids)
+
+    def pop_blocks_for_free(self, request) -> list:
+        """Drop ``request``'s bookkeeping but keep its blocks: vLLM's deferred free.
+
+        The scheduler defers a free while a step in flight may still write the blocks, and
+        returns them later with ``block_pool.free_blocks`` (:meth:`free_popped`). Until then
+        the blocks stay held (kvnumba's sequence stays live), as in vLLM's pool.
+
+        Returns
+        -------
+        list
+            The request's blocks in allocation order (empty if it holds none).
+        """
+        self._lookup_keys.pop(request.request_id, None)
+        held = self.held.pop(request.request_id, None)
+        if held is None:
+            return []
+        if held.seq in self._pending:
+            self.flush_keys()  # its full blocks stay cached once freed, as in free()
+        if not held.blocks:
+            self.kvnumba.release(held.ids)
+            return []
+        tail = held.blocks[-1].block_id
+        if tail in self.deferred:  # a request's last block holds its own last token
+            raise RuntimeError(f"block {tail} ends two requests popped for a deferred free")
+        self.deferred[tail] = held
+        return list(held.blocks)
+
+    def free_popped(self, blocks) -> None:
+        """Release the blocks one :meth:`pop_blocks_for_free` returned (in any order).
+
+        Raises
+        ------
+        ValueError
+            If ``blocks`` are not exactly the blocks of one popped request.
+        """
+        ids = [b.block_id for b in blocks]
+        tails = [i for i in ids if i in self.deferred]
+        held = self.deferred.get(tails[0]) if len(tails) == 1 else None
+        if held is None or sorted(ids) != sorted(b.block_id for b in held.blocks):
+            raise ValueError(
+                "block_pool.free_blocks takes the blocks of one request that "
+                "pop_blocks_for_free returned (kvnumba's pool offers no other free)"
+            )
+        del self.deferred[tails[0]]
+        self.kvnumba.release(held.ids)
 
     # ------------------------------------------------------------------------- block access
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
