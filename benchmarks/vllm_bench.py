@@ -839,11 +839,20 @@ def run_stream(
     vstep = 0
     n_steps = 0
     so = None
+    # Async scheduling: a step's output is processed after the next step is scheduled, as an
+    # async engine does (one step in flight); the step's window is schedule() of one step and
+    # update_from_output() of the one before.
+    in_flight = engine.args.async_scheduling
+    pending = None
     phase = "add_request"
     t_start = time.perf_counter()
     try:
-        while nxt < len(requests) or scheduler.has_unfinished_requests():
-            if not scheduler.has_unfinished_requests() and arrivals[nxt] > vstep:
+        while nxt < len(requests) or scheduler.has_unfinished_requests() or pending is not None:
+            if (
+                pending is None
+                and not scheduler.has_unfinished_requests()
+                and arrivals[nxt] > vstep
+            ):
                 # Idle engine: jump to the next arrival instead of scheduling empty steps.
                 vstep = arrivals[nxt]
             phase = "add_request"
@@ -866,9 +875,13 @@ def run_stream(
             u1 = cpu()
             phase = "update_from_output"
             mro = fake_output(scheduler, so, token_seed)
+            if in_flight:
+                done, pending = pending, (so, mro) if so.total_num_scheduled_tokens else None
+            else:
+                done = (so, mro)
             u2 = cpu()
             t2 = clock()
-            outs = scheduler.update_from_output(so, mro)
+            outs = scheduler.update_from_output(*done) if done is not None else {}
             t3 = clock()
             u3 = cpu()
             steps["step_cpu_ns"].append((u1 - u0) + (u3 - u2))

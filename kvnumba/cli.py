@@ -86,16 +86,12 @@ def _compile(args: list[str]) -> int:
     parser.add_argument("--quiet", action="store_true", help="print nothing")
     options = parser.parse_args(args)
 
-    from kvnumba import kernels
-    from kvnumba.integrations.vllm_compile import compile_lock
+    from kvnumba.integrations.vllm_compile import NUM_GROUPS, compile_lock
 
-    groups = range(len(kernels.ENGINE_GROUPS))
+    groups = list(range(NUM_GROUPS))
     if options.group is not None and (not options.engine or options.group not in groups):
-        parser.error(f"--group needs --engine and one of {list(groups)}")
-    kernels._announced = True  # this command is the ahead-of-time compile: no hint to run it
-    names = kernels.ENGINE if options.engine else tuple(kernels.SIGNATURES)
+        parser.error(f"--group needs --engine and one of {groups}")
     if options.group is not None:
-        names = kernels.ENGINE_GROUPS[options.group]
         groups = [options.group]
 
     def progress(name, seconds):
@@ -103,17 +99,23 @@ def _compile(args: list[str]) -> int:
             print(f"{name:22s} {seconds:6.1f} s", flush=True)
 
     # One compile of a group at a time per cache: a vLLM start may launch this from several
-    # processes.
+    # processes. The lock comes first, before numba loads, so that a waiter never finds a
+    # group unlocked and uncompiled while its compiler is still starting.
     with compile_lock(groups):
         start = time.process_time()
-        for name in names:
-            after = kernels.ENGINE_AFTER.get(name) if options.group is not None else None
-            if after is None:
-                kernels.compile_all([name], progress=progress)
-                continue
-            # Its worker comes from another group's compile: wait for it, load it cached.
-            with compile_lock([after], exclusive=False):
-                kernels.compile_all([name], progress=progress)
+        from kvnumba import kernels
+
+        kernels.notice_given()  # this command is the ahead-of-time compile: no hint to run it
+        names = kernels.ENGINE if options.engine else tuple(kernels.SIGNATURES)
+        if options.group is not None:
+            names = kernels.ENGINE_GROUPS[options.group]
+        later = [n for n in names if n in kernels.ENGINE_AFTER] if options.group is not None else []
+        kernels.compile_all([n for n in names if n not in later], progress=progress)
+    # Kernels whose worker another group compiles: once that group's lock frees (taken with
+    # this group's again, in increasing order, so no two holders wait for each other).
+    for name in later:
+        with compile_lock(groups, shared=[kernels.ENGINE_AFTER[name]]):
+            kernels.compile_all([name], progress=progress)
     if not options.quiet:
         what = "engine kernels" if options.engine else "all kernels"
         print(f"{what}: {time.process_time() - start:.1f} s of CPU")

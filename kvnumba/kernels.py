@@ -160,9 +160,25 @@ def uncached(names) -> list[str]:
 
     A cache compiled from other sources is dropped first (once per process), so a kernel it
     held counts as uncached.
+
+    Parameters
+    ----------
+    names : iterable of str
+        Keys of :data:`SIGNATURES`.
+
+    Returns
+    -------
+    list of str
+        Those whose index file numba's cache lacks.
     """
     check_cache_once()
     return [name for name in names if not is_cached(name)]
+
+
+def notice_given() -> None:
+    """Say that the caller has told the user about the compile: no compile notice follows."""
+    global _announced
+    _announced = True
 
 
 def _announce() -> None:

@@ -117,4 +117,5 @@ def test_a_cold_manager_compiles_one_group_itself_and_the_other_in_a_child(tmp_p
     assert result["uncached"] == []
     assert result["codes"] == [0]
     assert result["children"][0][-3:] == ["--group", "1", "--quiet"]
-    assert "compiling 7 kernels" in out.stderr and "compiled in" in out.stderr
+    assert f"compiling {len(kernels.ENGINE)} kernels" in out.stderr
+    assert "compiled in" in out.stderr

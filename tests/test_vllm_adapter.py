@@ -248,7 +248,7 @@ def test_a_deferred_free_holds_the_blocks_until_the_pool_takes_them_back():
     assert [b.block_id for b in popped[1]] == ids
     assert len(popped[0]) == 3
     assert kvn.get_block_ids("a") == ([],)  # the request's bookkeeping is gone
-    assert [b.block_id for b in kvn.deferred[ids[-1]].blocks] == ids
+    assert [[b.block_id for b in h.blocks] for h in kvn.deferred.values()] == [ids]
     _same_view(ref, kvn)  # still held: the free count has not moved
     with pytest.raises(ValueError, match="pop_blocks_for_free"):
         kvn.block_pool.free_blocks(popped[1][:2])  # not all of them

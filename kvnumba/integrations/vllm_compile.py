@@ -24,7 +24,6 @@ module imports neither numba nor vLLM.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -32,8 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+try:  # POSIX only; elsewhere compiles are not coordinated between processes (still correct)
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX platforms
+    fcntl = None
 
 log = logging.getLogger("kvnumba")
 
@@ -52,23 +56,49 @@ report = {"waited_s": 0.0, "compiled": 0, "compile_cpu_s": 0.0, "compile_wall_s"
 
 
 def lock_path(group: int) -> Path:
-    """The lock a compile of engine kernel group ``group`` holds, per numba cache location."""
+    """The lock a compile of engine kernel group ``group`` holds, one per numba cache location.
+
+    Parameters
+    ----------
+    group : int
+        An index of ``kvnumba.kernels.ENGINE_GROUPS``.
+
+    Returns
+    -------
+    pathlib.Path
+        A file in the temporary folder, named after the user and the cache location.
+    """
     where = os.environ.get("NUMBA_CACHE_DIR") or str(Path(__file__).resolve().parents[1])
     digest = hashlib.sha256(where.encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"kvnumba-compile-{os.getuid()}-{digest}-{group}.lock"
+    user = getattr(os, "getuid", lambda: 0)()
+    return Path(tempfile.gettempdir()) / f"kvnumba-compile-{user}-{digest}-{group}.lock"
 
 
 @contextlib.contextmanager
-def compile_lock(groups, exclusive: bool = True) -> Iterator[None]:
-    """Hold the compile locks of ``groups`` (shared: wait until no compile holds them).
+def compile_lock(
+    groups: Iterable[int], exclusive: bool = True, shared: Iterable[int] = ()
+) -> Iterator[None]:
+    """Hold the compile locks of ``groups`` (and the ``shared`` ones shared).
 
-    Taken in increasing group order, so two holders of several never wait for each other.
+    Every holder takes its locks in increasing group order, so two holders of several never
+    wait for each other; a shared lock waits until no compile holds it exclusively.
+
+    Parameters
+    ----------
+    groups : iterable of int
+        Groups whose locks are taken, exclusively unless ``exclusive`` is False.
+    exclusive : bool, default True
+        Whether ``groups`` are taken exclusively.
+    shared : iterable of int, optional
+        Further groups whose locks are taken shared.
     """
+    modes = dict.fromkeys(shared, False) | dict.fromkeys(groups, exclusive)
     with contextlib.ExitStack() as stack:
-        for group in sorted(groups):
-            f = stack.enter_context(open(lock_path(group), "a+b"))
-            fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            stack.callback(fcntl.flock, f, fcntl.LOCK_UN)
+        if fcntl is not None:
+            for group in sorted(modes):
+                f = stack.enter_context(open(lock_path(group), "a+b"))
+                fcntl.flock(f, fcntl.LOCK_EX if modes[group] else fcntl.LOCK_SH)
+                stack.callback(fcntl.flock, f, fcntl.LOCK_UN)
         yield
 
 
@@ -123,21 +153,30 @@ def start_background_compile() -> list[subprocess.Popen]:
 def plugin() -> None:
     """vLLM's ``vllm.general_plugins`` entry point: start the background compile if wanted.
 
-    vLLM may call it in several processes (front end, engine, workers); each starts at most one
-    child, and the children compile one at a time (:func:`compile_lock`), so the later ones only
-    load what the first compiled.
+    vLLM may call it in several processes (front end, engine, workers); each starts one child
+    per group of kernels, and a group's children compile one at a time (:func:`compile_lock`),
+    so the later ones only load what the first compiled. A failure to start them is logged and
+    changes nothing else: the manager then compiles what is missing itself.
     """
     if wanted():
-        start_background_compile()
+        try:
+            start_background_compile()
+            log.warning("kvnumba: compiling its engine kernels in the background (first start)")
+        except OSError as exc:
+            log.warning("kvnumba: no background compile (%s); the manager will compile", exc)
 
 
 def wait_for_compile() -> float:
-    """Wait for a background compile of this process or any other; returns the seconds waited."""
+    """Wait for a background compile of this process or any other.
+
+    Returns
+    -------
+    float
+        The seconds waited.
+    """
     start = time.perf_counter()
-    if any(child.poll() is None for child in _children):
-        log.warning("kvnumba: waiting for the background compile of the engine kernels")
-        for child in _children:
-            child.wait()
+    for child in _children:
+        child.wait()
     with compile_lock(_all_groups(), exclusive=False):
         pass
     return time.perf_counter() - start
@@ -167,7 +206,7 @@ def load_engine_kernels(logger: logging.Logger = log) -> None:
     missing = kernels.uncached(kernels.ENGINE)
     start = time.process_time()
     if missing:
-        kernels._announced = True  # said here, with the engine's numbers
+        kernels.notice_given()  # said here, with the engine's numbers
         logger.warning(
             "kvnumba: compiling %d kernels of its vLLM manager for this machine (first start "
             "only, cached afterwards; `kvnumba compile --engine` does it ahead of time, "
@@ -187,7 +226,8 @@ def load_engine_kernels(logger: logging.Logger = log) -> None:
             )
             kernels.compile_all(kernels.ENGINE_GROUPS[0])
         wait_for_compile()
-    with compile_lock(_all_groups()):
+    # Loads what the groups compiled (compiles only what a stale cache lost).
+    with compile_lock(_all_groups(), exclusive=False):
         kernels.compile_all(kernels.ENGINE)
     _ready = True
     report.update(

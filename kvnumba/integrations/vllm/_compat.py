@@ -2,8 +2,9 @@
 
 The adapter is written against vLLM's newest supported release. An older release lacks some
 names; each difference is one entry of :class:`Release`, chosen by the imported vLLM's version
-(an unknown, newer version gets the newest entry), and every other module reads the names it
-needs from here instead of importing them conditionally.
+(under the version override, an unknown release gets the nearest entry: the newest for a newer
+release, the oldest for an older one), and every other module reads the names it needs from
+here instead of importing them conditionally.
 
 ====================  ====================================================================
 difference            releases
@@ -39,9 +40,19 @@ RELEASES = {
     "0.32": Release("0.32", hash_lookahead=False),
     "0.33": Release("0.33", hash_lookahead=True),
 }
-NEWEST = RELEASES["0.33"]
 
-RELEASE: Release = RELEASES.get(release_of(vllm.__version__), NEWEST)
+
+def _nearest(release: str) -> Release:
+    """The entry of ``release``, or of the nearest supported line (version override)."""
+    if release in RELEASES:
+        return RELEASES[release]
+    key = tuple(int(part) for part in release.split(".") if part.isdigit())
+    lines = sorted(RELEASES, key=lambda r: tuple(int(p) for p in r.split(".")))
+    oldest, newest = lines[0], lines[-1]
+    return RELEASES[oldest if key < tuple(int(p) for p in oldest.split(".")) else newest]
+
+
+RELEASE: Release = _nearest(release_of(vllm.__version__))
 
 # None where the release has no hash lookahead (block_stored never calls it there).
 lookahead_extra_keys = (

@@ -213,8 +213,8 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         self._slot_mask = slot_mask(self.kvnumba.max_seqs)
         self._usable = num_blocks - 1
         self.held: dict[str, _Held] = {}
-        # Requests whose blocks pop_blocks_for_free handed out, by their tail block (a block of
-        # that request alone), until block_pool.free_blocks returns them.
+        # Requests whose blocks pop_blocks_for_free handed out, by sequence id, until
+        # block_pool.free_blocks returns them.
         self.deferred: dict[int, _Held] = {}
         self.hash_width = KEY_BYTES
         self.pending_events: list = []
@@ -669,6 +669,11 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         returns them later with ``block_pool.free_blocks`` (:meth:`free_popped`). Until then
         the blocks stay held (kvnumba's sequence stays live), as in vLLM's pool.
 
+        Parameters
+        ----------
+        request : vllm.v1.request.Request
+            A request that may hold blocks.
+
         Returns
         -------
         list
@@ -683,30 +688,33 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         if not held.blocks:
             self.kvnumba.release(held.ids)
             return []
-        tail = held.blocks[-1].block_id
-        if tail in self.deferred:  # a request's last block holds its own last token
-            raise RuntimeError(f"block {tail} ends two requests popped for a deferred free")
-        self.deferred[tail] = held
+        self.deferred[held.seq] = held
         return list(held.blocks)
 
     def free_popped(self, blocks) -> None:
         """Release the blocks one :meth:`pop_blocks_for_free` returned (in any order).
+
+        Parameters
+        ----------
+        blocks : iterable of block stand-ins
+            Exactly the blocks of one popped request.
 
         Raises
         ------
         ValueError
             If ``blocks`` are not exactly the blocks of one popped request.
         """
-        ids = [b.block_id for b in blocks]
-        tails = [i for i in ids if i in self.deferred]
-        held = self.deferred.get(tails[0]) if len(tails) == 1 else None
-        if held is None or sorted(ids) != sorted(b.block_id for b in held.blocks):
-            raise ValueError(
-                "block_pool.free_blocks takes the blocks of one request that "
-                "pop_blocks_for_free returned (kvnumba's pool offers no other free)"
-            )
-        del self.deferred[tails[0]]
-        self.kvnumba.release(held.ids)
+        ids = sorted(b.block_id for b in blocks)
+        # Few requests wait at once (those of the steps in flight): a scan finds the one.
+        for seq, held in self.deferred.items():
+            if ids == sorted(b.block_id for b in held.blocks):
+                del self.deferred[seq]
+                self.kvnumba.release(held.ids)
+                return
+        raise ValueError(
+            "block_pool.free_blocks takes the blocks of one request that pop_blocks_for_free "
+            "returned (kvnumba's pool offers no other free)"
+        )
 
     # ------------------------------------------------------------------------- block access
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
