@@ -192,8 +192,6 @@ step_wheel() {
 }
 
 # Version specifiers of the wheel's own requirements, so that the venv matches what vLLM asks for
-# (torch/numba pinned here; CUDA-only requirements are not installed at all).
-# Version specifiers of the wheel's own requirements, so that the venv matches what vLLM asks for
 # (torch/numba pinned here; CUDA-only requirements are not installed at all). With "names", the
 # requirements themselves instead: what an engine needs, less torch and the CUDA-built
 # torchvision/torchaudio/torchcodec.

@@ -1,6 +1,6 @@
 """The engine kernels compile ahead of time or in the background, and the manager waits for them.
 
-``kvnumba.integrations.vllm_compile`` imports neither numba nor vLLM, so these run anywhere.
+``kvnumba.integrations.vllm_compile`` imports neither numba nor vLLM, so these run without vLLM.
 """
 
 from __future__ import annotations

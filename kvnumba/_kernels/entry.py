@@ -508,8 +508,8 @@ def _admit_one(tokens_in, length, salt, has_tokens, keys, cap, arena, scratch):
     # A prompt's hits fit the call room unless it has more than CALL_ROOM_MAX_HITS blocks (then
     # the batched call runs). Only what the facade uses comes back: a failure is redone by the
     # batched call, which reports it.
-    # The workers get the scratch arena for ``pool``, typed as the batched kernel of the same
-    # kind passes it (``with_pages``), so that the two share them.
+    # The workers get the plain scratch arena for ``pool``, as the keyed batched admit passes
+    # it, so that the two share them and neither compiles the page code.
     blocks = blocks_of(length, block_size_of(arena))
     room = call_room(scratch)
     if 8 * (CALL_ROOM_INPUTS + blocks) > room.shape[0]:
