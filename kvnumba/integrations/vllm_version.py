@@ -23,12 +23,32 @@ OVERRIDE_ENV = "KVNUMBA_VLLM_ANY_VERSION"
 
 
 def base_version(version: str) -> str:
-    """``version`` without a local part (``0.33.0+cpu`` -> ``0.33.0``)."""
+    """``version`` without a local part (``0.33.0+cpu`` -> ``0.33.0``).
+
+    Parameters
+    ----------
+    version : str
+        A vLLM version string.
+
+    Returns
+    -------
+    str
+    """
     return version.split("+", 1)[0]
 
 
 def release_of(version: str) -> str:
-    """The release line (``major.minor``) of ``version`` (``0.32.1+cpu`` -> ``0.32``)."""
+    """The release line (``major.minor``) of ``version`` (``0.32.1+cpu`` -> ``0.32``).
+
+    Parameters
+    ----------
+    version : str
+        A vLLM version string.
+
+    Returns
+    -------
+    str
+    """
     return ".".join(base_version(version).split(".")[:2])
 
 

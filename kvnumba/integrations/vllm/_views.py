@@ -120,7 +120,13 @@ class BlockPoolView:
         return block_hash_of(self.state, block_id, self._owner.hash_width)
 
     def free_blocks(self, ordered_blocks) -> None:
-        """Return the blocks of a deferred free (``pop_blocks_for_free``) to the pool."""
+        """Return the blocks of a deferred free (``pop_blocks_for_free``) to the pool.
+
+        Parameters
+        ----------
+        ordered_blocks : iterable of block stand-ins
+            Exactly the blocks one ``pop_blocks_for_free`` returned, in any order.
+        """
         self._owner.free_popped(ordered_blocks)
 
     def get_num_free_blocks(self) -> int:
