@@ -119,3 +119,15 @@ def test_a_cold_manager_compiles_one_group_itself_and_the_other_in_a_child(tmp_p
     assert result["children"][0][-3:] == ["--group", "1", "--quiet"]
     assert f"compiling {len(kernels.ENGINE)} kernels" in out.stderr
     assert "compiled in" in out.stderr
+
+
+def test_a_plugin_that_cannot_start_its_children_leaves_vllm_starting(monkeypatch, caplog):
+    def refuse(*args, **kwargs):
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(vllm_compile, "_children", [])
+    monkeypatch.setattr(vllm_compile.subprocess, "Popen", refuse)
+    monkeypatch.setenv(PRECOMPILE_ENV, "1")
+    vllm_compile.plugin()  # vLLM calls plugins unguarded: this must not raise
+    assert vllm_compile._children == []
+    assert "no background compile" in caplog.text
