@@ -22,21 +22,6 @@ SUPPORTED_RANGE = "0.32.x-0.33.x"
 OVERRIDE_ENV = "KVNUMBA_VLLM_ANY_VERSION"
 
 
-def base_version(version: str) -> str:
-    """``version`` without a local part (``0.33.0+cpu`` -> ``0.33.0``).
-
-    Parameters
-    ----------
-    version : str
-        A vLLM version string.
-
-    Returns
-    -------
-    str
-    """
-    return version.split("+", 1)[0]
-
-
 def release_of(version: str) -> str:
     """The release line (``major.minor``) of ``version`` (``0.32.1+cpu`` -> ``0.32``).
 
@@ -49,7 +34,7 @@ def release_of(version: str) -> str:
     -------
     str
     """
-    return ".".join(base_version(version).split(".")[:2])
+    return ".".join(version.split("+", 1)[0].split(".")[:2])
 
 
 def check_vllm_version(version: str | None) -> None:
