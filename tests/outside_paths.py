@@ -6,9 +6,8 @@ Shared by ``test_repository_paths.py`` (no tracked file names one) and ``test_si
 ``absolute``
     An absolute path under one of a machine's user, scratch or temporary roots (the folders
     that :data:`RULES` names) or on a Windows drive: it names one machine's files, which no
-    other checkout has. System interfaces
-    such as ``/dev/shm`` or ``/proc`` are not files of a machine's user and are not matched,
-    nor is a path inside a URL (``https://host/home/...``).
+    other checkout has. System interfaces such as ``/dev/shm`` or ``/proc`` are not files of a
+    machine's user and are not matched, nor is a path that is part of a web address.
 ``home``
     A path under the home folder (``~/``, ``$HOME/``, ``${HOME}/``), except under ``.cache/``.
     A per-user cache (the XDG convention) is where a script keeps what it downloads or builds,
@@ -16,8 +15,9 @@ Shared by ``test_repository_paths.py`` (no tracked file names one) and ``test_si
     script creates it, names it as a default that its variable moves, and no file of another
     project lives there.
 ``shared``
-    A ``shared/`` folder (the workplace's folder beside the checkout: ``../shared/...``,
-    ``shared/bench/...``), also when joined as a path component (``/ "shared"``).
+    The workplace's folder of that name beside the checkout, reached through the parent folder
+    or named as a top-level path, also when joined as a path component (the patterns in
+    :data:`RULES`).
 ``parent``
     A relative path whose leading ``../`` run leaves the repository, resolved from the folder
     of the file that holds it (checked only when that file's path is given).
