@@ -390,7 +390,6 @@ class BlockManager:
     lookup = part_call("_keys", EngineKeys.lookup)
     set_keys = part_call("_keys", EngineKeys.set_keys)
     take_events = part_call("_keys", EngineKeys.take_events)
-
     lookup_one = part_call("_one", OneRequest.lookup_one)
 
     pending_events = property(lambda self: self._keys.pending, doc="Whether events wait.")

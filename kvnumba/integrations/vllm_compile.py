@@ -14,11 +14,10 @@ keep that out of a vLLM start:
 
 The plugin compiles in child processes because the engine's own process must not load numba
 before vLLM's CPU worker starts, so that the compile takes the GIL of no engine thread, and so
-that the groups compile in parallel. It
-runs when ``KVNUMBA_VLLM_PRECOMPILE`` is ``1``, or, unset, when the command line names kvnumba's
-scheduler (``--scheduler-cls kvnumba.integrations.vllm.KVNumbaScheduler``); ``0`` turns it
-off. This
-module imports neither numba nor vLLM.
+that the groups compile in parallel. It runs when ``KVNUMBA_VLLM_PRECOMPILE`` is ``1``, or,
+unset, when the command line names kvnumba's scheduler (``--scheduler-cls
+kvnumba.integrations.vllm.KVNumbaScheduler``); ``0`` turns it off. This module imports neither
+numba nor vLLM.
 """
 
 from __future__ import annotations
@@ -187,8 +186,8 @@ def load_engine_kernels(logger: logging.Logger = log) -> None:
 
     Waits for a background compile (:func:`plugin`), then compiles or loads
     :data:`kvnumba.kernels.ENGINE`: the first group in this process and the others in child
-    processes at the same time. Logs one line when it waited or had to compile, with the
-    seconds it took.
+    processes at the same time. Logs a line when it waited, or one before and one after it
+    compiled, with the seconds it took.
 
     Parameters
     ----------

@@ -146,9 +146,7 @@ class CacheMaintenance:
         self.flush_keys()
         self.kvnumba.check()
         held_blocks = set()
-        popped = {
-            f"popped for a deferred free, tail block {b}": h for b, h in self.deferred.items()
-        }
+        popped = {f"(popped, sequence {q})": h for q, h in self.deferred.items()}
         for rid, held in (*self.held.items(), *popped.items()):
             row = self._table[held.slot]
             problem = None

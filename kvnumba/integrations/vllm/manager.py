@@ -651,15 +651,20 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         if self._events_on:
             self._drain(request, held)
 
-    def free(self, request) -> None:
-        """Release the request's sequence (tail block first; keyed blocks stay cached)."""
+    def _forget(self, request) -> _Held | None:
+        """Drop ``request``'s records; its sequence, if it holds one, with its keys registered."""
         self._lookup_keys.pop(request.request_id, None)
         held = self.held.pop(request.request_id, None)
+        # Its own queued keys first, so that its full blocks stay cached once released; the
+        # other requests' keys can wait (their blocks are held).
+        if held is not None and held.seq in self._pending:
+            self.flush_keys()
+        return held
+
+    def free(self, request) -> None:
+        """Release the request's sequence (tail block first; keyed blocks stay cached)."""
+        held = self._forget(request)
         if held is not None:
-            # Its own queued keys first, so that its full blocks stay cached; the other
-            # requests' keys can wait (their blocks are held).
-            if held.seq in self._pending:
-                self.flush_keys()
             self.kvnumba.release(held.ids)
 
     def pop_blocks_for_free(self, request) -> list:
@@ -679,12 +684,9 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         list
             The request's blocks in allocation order (empty if it holds none).
         """
-        self._lookup_keys.pop(request.request_id, None)
-        held = self.held.pop(request.request_id, None)
+        held = self._forget(request)
         if held is None:
             return []
-        if held.seq in self._pending:
-            self.flush_keys()  # its full blocks stay cached once freed, as in free()
         if not held.blocks:
             self.kvnumba.release(held.ids)
             return []
