@@ -22,6 +22,7 @@ from kvnumba.errors import (
     SequenceTooLong,
     TooManySequences,
 )
+from kvnumba.eviction import EVICTION_POLICIES
 from kvnumba.results import AdmitResult, AppendResult, BlockEvents, LookupResult, Stats
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __all__ = [
     "BlockEvents",
     "BlockManager",
     "CallbackError",
+    "EVICTION_POLICIES",
     "InvalidGeometry",
     "InvalidPosition",
     "InvalidSequence",

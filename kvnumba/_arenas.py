@@ -15,7 +15,7 @@ import operator
 import numpy as np
 
 from kvnumba import errors as E
-from kvnumba._kernels.undo import give_up_log_rows, undo_log_rows
+from kvnumba._kernels.undo import give_up_log_rows, policy_log_rows, undo_log_rows
 from kvnumba._state import (
     M_ALLOCATIONS,
     M_CACHED,
@@ -156,9 +156,11 @@ class Arenas:
         """
         g = self.geometry
         rows = max(2 * self.x["ev_ids"].shape[0], int(evictions))
+        cached = int(self.s.meta[M_CACHED])
         log_rows = max(
             self.x["ulog"].shape[0],
-            undo_log_rows(int(blocks), int(prompts), g.blocks_per_page, g.num_pages),
+            undo_log_rows(int(blocks), int(prompts), g.blocks_per_page, g.num_pages)
+            + policy_log_rows(g.eviction, g.num_blocks, int(blocks), cached),
         )
         self.renew_scratch(rows, log_rows, payload=bool(blocks))
 
@@ -167,7 +169,11 @@ class Arenas:
         ``logged_pages`` pages)."""
         x = self.x
         rows = x["ev_ids"].shape[0]
-        log_needed = give_up_log_rows(logged_pages, self.geometry.blocks_per_page)
+        g = self.geometry
+        log_needed = give_up_log_rows(logged_pages, g.blocks_per_page)
+        if logged_pages:
+            cached = int(self.s.meta[M_CACHED])
+            log_needed += policy_log_rows(g.eviction, g.num_blocks, cached, cached)
         payload = logged_pages > 0 or self.evict_payload
         if (
             evictions > rows
@@ -240,6 +246,7 @@ def validated_geometry(
     prefix_caching,
     block_keys,
     block_events,
+    eviction=0,
 ) -> Geometry:
     """The validated :class:`Geometry` of a new manager.
 
@@ -288,6 +295,7 @@ def validated_geometry(
         block_keys=block_keys,
         block_events=block_events,
         hash_bits=hash_bits,
+        eviction=eviction,
     )
 
 

@@ -20,15 +20,16 @@ from kvnumba.kernels import LAZY, ONE_REQUEST, SIGNATURES, compiled
 #: the plain name).
 KERNEL_NAMES = tuple(name for name in SIGNATURES if not name.endswith("_paged"))
 
-_LOADED: dict = {}  # entry kernel name -> compiled entry point, shared by all managers
+# (entry kernel name, policy) -> compiled entry point, shared by all managers.
+_LOADED: dict = {}
 
 
-def load(name: str):
-    """The compiled entry kernel ``name``, compiled or loaded from numba's cache once per
-    process."""
-    kernel = _LOADED.get(name)
+def load(name: str, policy: bool = False):
+    """The compiled entry kernel ``name`` (its version for an eviction policy other than LRU
+    with ``policy``), compiled or loaded from numba's cache once per process."""
+    kernel = _LOADED.get((name, policy))
     if kernel is None:
-        kernel = _LOADED[name] = compiled(name)
+        kernel = _LOADED[name, policy] = compiled(name, policy)
     return kernel
 
 
@@ -43,19 +44,21 @@ class Lazy:
         The attribute (the kernel's plain name).
     name : str
         The entry kernel to load (the page variant's name on a page pool).
+    policy : bool
+        Whether to load its version for an eviction policy other than LRU.
     """
 
-    __slots__ = ("owner", "attribute", "name")
+    __slots__ = ("owner", "attribute", "name", "policy")
 
-    def __init__(self, owner: KernelSet, attribute: str, name: str):
+    def __init__(self, owner: KernelSet, attribute: str, name: str, policy: bool = False):
         # Weakly: the set holds its loaders, and a cycle would keep a dropped manager's parts
         # alive until the garbage collector ran.
         self.owner = weakref.ref(owner)
-        self.attribute, self.name = attribute, name
+        self.attribute, self.name, self.policy = attribute, name, policy
 
     def load(self):
         """Compile or load the kernel now and bind it in the owner; returns it."""
-        kernel = load(self.name)
+        kernel = load(self.name, self.policy)
         owner = self.owner()
         if owner is not None:
             setattr(owner, self.attribute, kernel)
@@ -77,20 +80,23 @@ class KernelSet:
     paged : bool
         Whether the manager is on a page pool: each kernel with a page variant is bound to it
         and takes the pool's arena after the manager's two (``Arenas.call_args``).
+    policy : bool
+        Whether its eviction policy is not LRU: each kernel is bound to its policy version
+        (the one-request kernels have none; such a manager never calls them).
     """
 
     __slots__ = (*KERNEL_NAMES, "__weakref__")
 
-    def __init__(self, paged: bool):
+    def __init__(self, paged: bool, policy: bool = False):
         for name in KERNEL_NAMES:
             entry = name + "_paged" if paged and name + "_paged" in SIGNATURES else name
-            if entry in _LOADED:
-                setattr(self, name, _LOADED[entry])
+            if (entry, policy) in _LOADED:
+                setattr(self, name, _LOADED[entry, policy])
             elif paged and name not in LAZY and name not in ONE_REQUEST:
                 # Compiled now, never under the page pool's lock (other processes would wait).
-                setattr(self, name, load(entry))
+                setattr(self, name, load(entry, policy))
             else:
-                setattr(self, name, Lazy(self, name, entry))
+                setattr(self, name, Lazy(self, name, entry, policy))
 
     def close(self) -> None:
         """Make every kernel raise ``ValueError`` (a closed manager)."""

@@ -55,6 +55,9 @@ class OneRequest:
         self.block_keys = engine_keys.block_keys
         g = self.arenas.geometry
         self.block_size, self.max_seq_len = g.block_size, g.max_seq_len
+        # The one-request kernels that change state exist for LRU managers without a page
+        # pool; other managers are served by the batched calls (lookups read state only).
+        self.fast = pipeline.pages is None and g.eviction == 0
 
     def append_one(
         self, manager, seq_id, count, key_start, keys, tried=False
@@ -62,7 +65,7 @@ class OneRequest:
         """``BlockManager.append_one`` past its fast path (``tried``: the manager's own try of
         ``k_append_one`` failed, so the batched call serves it)."""
         seq_id, count = as_int(seq_id, "seq_id"), as_int(count, "count")
-        fast = not tried and self.pipeline.pages is None and 0 <= count <= self.max_seq_len
+        fast = not tried and self.fast and 0 <= count <= self.max_seq_len
         if keys is not None:
             if not self.block_keys:
                 raise ValueError("keys need a manager built with block_keys=True")
@@ -135,7 +138,7 @@ class OneRequest:
         keyed = self.block_keys
         if keys is not None and keyed:
             keys = key_array(keys)
-        if self.pipeline.pages is None and cap >= 0 and 1 <= length <= self.max_seq_len:
+        if self.fast and cap >= 0 and 1 <= length <= self.max_seq_len:
             r = None
             if keyed and not has_tokens:
                 keys_in = NO_KEYS if keys is None else keys

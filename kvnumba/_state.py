@@ -25,6 +25,9 @@ F_REGISTERED = 4  # the block is the registered entry for its hash in the prefix
 # A truncation cut into the block while it was shared: a holder's tail may end inside content
 # (and a registration) that is not its own, so an append into it in place first reclaims it.
 F_TRIMMED = 8
+# Eviction policies ``leaf-lru`` and ``oracle``: a cached block whose parent in the cached prefix
+# forest was evicted or unregistered (it cannot be hit until that prefix is cached again).
+F_ORPHAN = 16
 
 # --- meta slots (int64) ---------------------------------------------------------------------------
 M_FREE_TOP = 0  # number of blocks on the free stack
@@ -60,7 +63,13 @@ M_SLOT_BITS = 28  # bits of an id that hold the slot
 M_RESERVED = 29  # blocks 0 .. M_RESERVED-1 are never handed out (``reserved_blocks``)
 M_KEYED = 30  # 1: blocks are registered under engine keys (``block_keys``), never token hashes
 M_EVENTS = 31  # 1: registrations and removals are recorded as block events (``block_events``)
-META_SIZE = 32
+# Eviction policies other than LRU (``kvnumba.eviction``; ``_kernels/eviction.py``).
+M_POLICY = 32  # the policy's code (``kvnumba.eviction.POLICY_CODES``); 0 = LRU
+M_HEAP_N = 33  # blocks in the policy's heap (lfu, leaf-lru, oracle)
+M_POL_CLOCK = 34  # releases into the cache so far: the next stamp
+M_POL_AGE = 35  # lfu: the age L (priority of the latest victim)
+M_HAND = 36  # sieve: the hand (a cached block), or NIL
+META_SIZE = 40
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
 S_LOG_N = 0  # undo-log entries written in this call
@@ -160,7 +169,7 @@ ADMIT_ONE_AT = room_layout("AdmitOneAt", ADMIT_ONE_ROOM, CALL_ROOM_INPUTS, "hits
 # A shape names its dimensions; ``new_state`` / ``new_scratch`` give them values.
 HEADER_SLOTS = 5
 H_OFFSET, H_NBYTES, H_ITEMSIZE, H_DIM0, H_DIM1 = range(HEADER_SLOTS)  # a field's header slots
-MAX_FIELDS = 48
+MAX_FIELDS = 64
 HEADER_BYTES = 8 * HEADER_SLOTS * MAX_FIELDS
 _ALIGN = 64
 
@@ -240,6 +249,18 @@ STATE_FIELDS = (
         ("blocks_per_page",),
         "Front page of the bucket of mapped pages with ``c`` free blocks (index ``c``), or -1.",
     ),
+    # Eviction policies other than LRU: one entry per block (none for an LRU manager).
+    Field("pol_value", np.int64, ("policy_blocks",), "lfu, sieve: hits; oracle: next use."),
+    Field("pol_key", np.int64, ("policy_blocks",), "Heap priority of a cached block."),
+    Field("pol_stamp", np.int64, ("policy_blocks",), "Release stamp of a cached block."),
+    Field("pol_heap", np.int32, ("policy_blocks",), "The heap of evictable blocks (binary)."),
+    Field("pol_pos", np.int32, ("policy_blocks",), "A block's index in the heap, or -1."),
+    Field("pol_parent", np.int32, ("policy_blocks",), "Parent in the prefix forest (-1: root)."),
+    Field("pol_pgen", np.int32, ("policy_blocks",), "The parent's generation at registration."),
+    Field("pol_gen", np.int32, ("policy_blocks",), "Registrations and unregistrations so far."),
+    Field("pol_kid", np.int32, ("policy_blocks",), "First linked cached child, or -1."),
+    Field("pol_sib_prev", np.int32, ("policy_blocks",), "Back link among cached siblings."),
+    Field("pol_sib_next", np.int32, ("policy_blocks",), "Forward link among cached siblings."),
 )
 
 SCRATCH_FIELDS = (
@@ -305,6 +326,8 @@ class Geometry(NamedTuple):
         The manager's switches.
     hash_bits : int
         Bits kept of the chained hash (64 but in collision tests).
+    eviction : int
+        The eviction policy's code (``kvnumba.eviction.POLICY_CODES``); 0 = LRU.
     """
 
     num_blocks: int
@@ -318,6 +341,7 @@ class Geometry(NamedTuple):
     block_keys: bool = False
     block_events: bool = False
     hash_bits: int = 64
+    eviction: int = 0
 
     @property
     def num_pages(self) -> int:
@@ -387,6 +411,7 @@ def state_dims(g: Geometry) -> dict[str, int]:
         "pages": g.num_pages,
         "paged_blocks": g.num_blocks if k else 0,
         "blocks_per_page": k,
+        "policy_blocks": g.num_blocks if g.eviction else 0,
     }
 
 
@@ -434,6 +459,11 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
     meta[M_SLOT_BITS] = slot_bits(m)
     meta[M_KEYED] = 1 if g.block_keys else 0
     meta[M_EVENTS] = 1 if g.block_events else 0
+    meta[M_POLICY] = g.eviction
+    meta[M_HAND] = NIL
+    if g.eviction:
+        for name in ("pol_pos", "pol_parent", "pol_kid", "pol_sib_prev", "pol_sib_next"):
+            v[name][:] = NIL
     if k:
         # Every virtual page unmapped, popped in order 0, 1, ...; no block on the free stack.
         num_pages = dims["pages"]

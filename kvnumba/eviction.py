@@ -47,3 +47,33 @@ def policy_code(name, *, hindsight: bool = False) -> int:
         )
         raise ValueError(f"unknown eviction policy {name!r}; known: {', '.join(known)}{extra}")
     return POLICY_CODES[name]
+
+
+def check_next_use(policy: str, num_blocks: int, blocks, next_use) -> None:
+    """Validate the inputs of ``set_next_use`` (the ``oracle`` policy's hints).
+
+    Parameters
+    ----------
+    policy : str
+        The manager's policy; only ``"oracle"`` takes hints.
+    num_blocks : int
+        The manager's pool size.
+    blocks, next_use : numpy.ndarray of int64
+        Block ids and the trace position of each one's next use (-1: never).
+
+    Raises
+    ------
+    ValueError
+        For another policy, unequal lengths, a block outside the pool or a next use below -1.
+    """
+    if policy not in HINDSIGHT_POLICIES:
+        raise ValueError(
+            f"set_next_use gives the simulator's oracle policy its hints; this manager's "
+            f"policy is {policy!r}"
+        )
+    if blocks.shape != next_use.shape:
+        raise ValueError(f"next_use has {next_use.shape[0]} entries for {blocks.shape[0]} blocks")
+    if blocks.size and (blocks.min() < 0 or blocks.max() >= num_blocks):
+        raise ValueError(f"block ids must be in [0, {num_blocks})")
+    if next_use.size and next_use.min() < -1:
+        raise ValueError("next_use must be >= -1 (-1: never used again)")

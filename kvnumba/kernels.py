@@ -15,13 +15,17 @@ import time
 from numba.core import config, types
 
 from kvnumba._kernels import _cache_dirs, check_cache_once, ensure_fresh_cache, entry
-from kvnumba._kernels.jit import compile_paged_twins
+from kvnumba._kernels.jit import compile_paged_twins, compile_twins
+from kvnumba._kernels.views import VIEWS_POLICY, VIEWS_POLICY_PAGED
 
 log = logging.getLogger("kvnumba")
 _announced = False
 
 _VEC = types.Array(types.int64, 1, "C")
 _ARENA = types.Array(types.uint8, 1, "C")
+# The state arena of a manager whose eviction policy is not LRU: the same bytes, another numba
+# type, so that its kernels compile apart, with the policy code (``_kernels/eviction.py``).
+_POLICY_ARENA = types.Array(types.uint8, 1, "A")
 _INT = types.int64
 _BOOL = types.boolean
 # Engine keys: any strides, so that admit_one's facade needs no contiguity test (its kernel
@@ -67,6 +71,8 @@ SIGNATURES = {
     "k_evict_paged": (_VEC,),
     "k_reset_prefix_cache_paged": (),
     "k_admit_keys_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _KEYS, _VEC, _VEC),
+    # The simulator's hindsight policy (``oracle``): the next use of given blocks.
+    "k_set_next_use": (_VEC, _VEC),
 }
 #: Kernels a manager loads on first use even on a page pool (``manager._kernel``): rarely
 #: called, they would lengthen every paged manager's first construction.
@@ -84,8 +90,11 @@ LAZY = frozenset(
         "k_admit_one",
         "k_admit_one_keys",
         "k_lookup_one_keys",
+        "k_set_next_use",
     }
 )
+#: Kernels that exist only for a manager whose eviction policy is not LRU.
+POLICY_ONLY = frozenset({"k_set_next_use"})
 #: The one-request kernels (``append_one``, ``admit_one``): never run on a page pool; they take
 #: each arena as its address and size.
 ONE_REQUEST = frozenset(
@@ -114,13 +123,16 @@ WITH_PAGES = frozenset(
 )
 
 
-def compiled(name: str):
+def compiled(name: str, policy: bool = False):
     """Entry point of the entry kernel ``name`` for the facade's argument types.
 
     Parameters
     ----------
     name : str
         A key of :data:`SIGNATURES`.
+    policy : bool
+        For a manager whose eviction policy is not LRU: the kernel's version with the policy
+        code (its state arena typed apart; not for :data:`ONE_REQUEST`).
 
     Returns
     -------
@@ -132,22 +144,25 @@ def compiled(name: str):
     ensure_fresh_cache()
     if config.DISABLE_JIT:  # kernels are plain Python functions (coverage runs)
         return dispatcher
-    if name in WITH_PAGES:
+    if policy:
+        compile_twins(VIEWS_POLICY_PAGED if name in WITH_PAGES else VIEWS_POLICY)
+    elif name in WITH_PAGES:
         compile_paged_twins()  # the helpers' versions for views with the page code
-    signature = (*SIGNATURES[name], *arena_types(name))
+    signature = (*SIGNATURES[name], *arena_types(name, policy))
     if signature not in dispatcher.overloads and not is_cached(name):
         _announce()
     dispatcher.compile(signature)
     return dispatcher.overloads[signature].entry_point
 
 
-def arena_types(name: str) -> tuple:
+def arena_types(name: str, policy: bool = False) -> tuple:
     """numba types of the arena arguments the entry kernel ``name`` takes after its inputs:
-    the two arenas (and the page pool's for :data:`PAGED`), or, for :data:`ONE_REQUEST`, each
-    arena's address and size (``carve.arena_at``)."""
+    the two arenas (and the page pool's for :data:`PAGED`; the state arena typed apart for a
+    ``policy`` manager), or, for :data:`ONE_REQUEST`, each arena's address and size
+    (``carve.arena_at``)."""
     if name in ONE_REQUEST:
         return (_INT,) * 4
-    return (_ARENA,) * (3 if name in PAGED else 2)
+    return (_POLICY_ARENA if policy else _ARENA,) + (_ARENA,) * (2 if name in PAGED else 1)
 
 
 def is_cached(name: str) -> bool:
@@ -193,20 +208,28 @@ def _announce() -> None:
         )
 
 
-def compile_all(names=None, progress=None) -> dict[str, float]:
+def compile_all(names=None, progress=None, policy: bool = False) -> dict[str, float]:
     """Compile (or load from numba's cache) every entry kernel; returns CPU seconds per kernel.
 
     Parameters
     ----------
     names : iterable of str, optional
-        Kernels to compile; all of :data:`SIGNATURES` by default.
+        Kernels to compile; all of :data:`SIGNATURES` by default (those of
+        :data:`POLICY_ONLY` only with ``policy``).
     progress : callable, optional
         Called as ``progress(name, seconds)`` after each kernel.
+    policy : bool
+        Compile the versions for managers whose eviction policy is not LRU (no
+        :data:`ONE_REQUEST` kernel has one).
     """
     spent = {}
-    for name in names or SIGNATURES:
+    if names is None:
+        names = [n for n in SIGNATURES if policy or n not in POLICY_ONLY]
+    for name in names:
+        if policy and name in ONE_REQUEST:
+            continue
         start = time.process_time()
-        compiled(name)
+        compiled(name, policy)
         spent[name] = time.process_time() - start
         if progress is not None:
             progress(name, spent[name])
@@ -215,6 +238,8 @@ def compile_all(names=None, progress=None) -> dict[str, float]:
 
 #: The kernels of a manager without a page pool (what the simulator and the benchmarks use).
 PLAIN = tuple(name for name in SIGNATURES if name not in PAGED and name not in LAZY)
+#: The kernels of a manager with another eviction policy that a simulation or a benchmark uses.
+POLICY = (*PLAIN, "k_set_next_use")
 
 #: The kernels an engine's one-request calls use (``kvnumba.integrations.vllm``): the lookup,
 #: admission and growth of one request with engine keys, key registration, release, and the

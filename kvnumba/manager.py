@@ -39,6 +39,7 @@ from kvnumba._state import (
     State,
 )
 from kvnumba._virtual_pages import PageSide
+from kvnumba.eviction import SIMULATOR_POLICIES, check_next_use, policy_code
 from kvnumba.ids import new_tag
 from kvnumba.inputs import (
     CAP_NONE,
@@ -105,6 +106,8 @@ class BlockManager:
         :meth:`set_keys`) instead of chained token hashes.
     block_events : bool, default False
         Record stored/removed block events, drained by :meth:`take_events`.
+    eviction : str, default "lru"
+        The eviction policy, one of ``kvnumba.EVICTION_POLICIES`` (``docs/eviction.md``).
 
     Notes
     -----
@@ -127,10 +130,13 @@ class BlockManager:
         reserved_blocks: int = 0,
         block_keys: bool = False,
         block_events: bool = False,
+        eviction: str = "lru",
         _hash_bits: int = 64,
+        _hindsight: bool = False,
     ):
         switches = {"prefix_caching": prefix_caching, "block_keys": block_keys}
         switches["block_events"] = block_events
+        switches["eviction"] = policy_code(eviction, hindsight=_hindsight)
         pages = (page_pool, blocks_per_page)
         sizes = (num_blocks, block_size, max_seqs, max_seq_len, reserved_blocks, _hash_bits)
         geometry = validated_geometry(*sizes, *pages, **switches)
@@ -140,15 +146,15 @@ class BlockManager:
         self._geometry = geometry
         self._id_tag = new_tag(self)
         self._arenas = Arenas(geometry, self._id_tag, on_evict is not None)
-        self._kernels = KernelSet(paged=page_pool is not None)
+        self._kernels = KernelSet(page_pool is not None, policy=geometry.eviction != 0)
         self._facts = Facts(self._arenas, self._kernels)
         self._keys = EngineKeys(self._arenas, self._kernels, self._facts, block_keys, block_events)
         parts = (self._arenas, self._kernels, self._keys, self._facts, on_evict)
         self._pages = None if page_pool is None else PageSide(self, page_pool, *parts)
         self._pipeline = CallPipeline(*parts, self._pages)
         self._one = OneRequest(self._pipeline, self._keys)
-        # The one-request fast paths: managers without a pool (keyed admits: with engine keys).
-        self._fast = page_pool is None
+        # The one-request fast paths: LRU managers without a pool (keyed admits: with keys).
+        self._fast = self._one.fast
         self._max_seq_len = geometry.max_seq_len  # read by every append
         # Nothing to deliver after a commit: no eviction callback and no block events.
         self._quiet = on_evict is None and not block_events
@@ -176,6 +182,7 @@ class BlockManager:
     reserved_blocks = _geometry_property("reserved_blocks", "Blocks never handed out.")
     prefix_caching = _geometry_property("prefix_caching", "Whether full blocks are cached.")
     block_keys = _geometry_property("block_keys", "Whether blocks carry engine keys.")
+    eviction = property(lambda self: SIMULATOR_POLICIES[self._geometry.eviction], doc="Policy.")
     id_tag = property(lambda self: self._id_tag, doc="The tag of this manager's ids.")
     page_pool = property(lambda self: self._pages and self._pages.pool, doc="Its PagePool.")
     blocks_per_page = property(
@@ -365,6 +372,13 @@ class BlockManager:
         """
         blocks = index_array(block_ids, "block_ids")
         return self._pipeline.run_evicting(self._kernels.k_evict, (blocks,), block_ids=blocks)
+
+    def set_next_use(self, block_ids, next_use) -> None:
+        """The simulator's ``oracle`` policy: the trace position of the next use of each
+        block's content (-1: never); ``ValueError`` on any other manager."""
+        blocks, uses = index_array(block_ids, "block_ids"), index_array(next_use, "next_use")
+        check_next_use(self.eviction, self.num_blocks, blocks, uses)
+        self._kernels.k_set_next_use(blocks, uses, *self._arenas.args)
 
     def reset_prefix_cache(self) -> int:
         """Evict every cached block and unregister those live sequences hold, so that nothing

@@ -6,13 +6,14 @@ import numpy as np
 
 from kvnumba._kernels.append import AppendIO, Growth, append_general
 from kvnumba._kernels.blocks import claim_cached
+from kvnumba._kernels.eviction import policy_hit
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.keys import lookup_keys, register_key
 from kvnumba._kernels.outcomes import Outcome, PromptHits, Status
 from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
 from kvnumba._kernels.sequences import open_slot
-from kvnumba._kernels.undo import log_write, undo_log_rows_kernel
+from kvnumba._kernels.undo import log_write, policy_log_rows_kernel, undo_log_rows_kernel
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
 from kvnumba._state import (
@@ -22,10 +23,12 @@ from kvnumba._state import (
     M_KEYED,
     M_MAX_SEQ_LEN,
     M_PAGE_K,
+    M_POLICY,
     M_PREFIX_CACHING,
     M_PREFIX_HITS,
     M_PREFIX_QUERIES,
     M_SLOT_TOP,
+    NIL,
     S_EV_N,
     S_EV_PAYLOAD,
     S_EVT_N,
@@ -256,6 +259,7 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
     evictions = min(bound, available) - free
     payload = logged or scr[S_EV_PAYLOAD] != 0
     log_size = undo_log_rows_kernel(bound, num_prompts, meta[M_PAGE_K], v.page_phys.shape[0])
+    log_size += policy_log_rows_kernel(meta[M_POLICY], v.ref.shape[0], bound, meta[M_CACHED])
     if (
         evictions > v.ev_ids.shape[0]
         or (payload and evictions > v.ev_tok.shape[0])
@@ -325,6 +329,7 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
         ids[p] = opened.seq_id
         for pos in range(num_hits):
             b = hits[pos]
+            policy_hit(v, b)
             if v.ref[b] == 0:
                 claim_cached(v, b)
             log_write(v, FIELD.ref, b, v.ref[b])
@@ -343,7 +348,8 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
         append_general(arena, scratch, pool, io, growth, np.int64(0))
         if key_rows is not None:
             for pos in range(num_hits, key_rows.counts[p]):
-                register_key(v, v.seq_table[slot, pos], key_rows.keys, row + pos, salt)
+                prev = np.int64(v.seq_table[slot, pos - 1] if pos > 0 else NIL)
+                register_key(v, v.seq_table[slot, pos], prev, key_rows.keys, row + pos, salt)
             row += key_rows.counts[p]
         num_cached_tokens[p] = cached
         ok[p] = True

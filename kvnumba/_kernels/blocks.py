@@ -12,6 +12,13 @@ import numpy as np
 from numba import int64, void
 
 from kvnumba._kernels.events import EVENT_REMOVED, EVENT_STORED, note_event
+from kvnumba._kernels.eviction import (
+    policy_enter,
+    policy_leave,
+    policy_registered,
+    policy_unregistered,
+    policy_victim,
+)
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.links import lru_push_tail, lru_unlink
 from kvnumba._kernels.page_calls import (
@@ -41,7 +48,6 @@ from kvnumba._state import (
     M_FREE_TOP,
     M_HASH_BITS,
     M_KEYED,
-    M_LRU_HEAD,
     M_PAGE_K,
     M_PREFIX_CACHING,
     M_USED,
@@ -56,6 +62,7 @@ from kvnumba._state import (
 def evict_block(v, b):
     """Reclaim cached block ``b``: off the LRU list, its table entry marked, payload recorded
     for ``on_evict`` and scrubbed. The caller sets its refcount and flags."""
+    policy_leave(v, b, True)
     lru_unlink(v, b)
     scr = v.scr
     record = scr[S_EV_N]
@@ -102,7 +109,7 @@ def take_reclaimed(v):
         if b != NIL:
             log_write(v, U_TOKROW, b, -1)
             return b
-    b = v.meta[M_LRU_HEAD]
+    b = policy_victim(v)
     evict_block(v, b)
     if paged:
         page_gain_ref(v, b // v.meta[M_PAGE_K])
@@ -167,6 +174,7 @@ def drop_ref(v, b):
         cached = (v.block_flags[b] & F_REGISTERED) != 0
         if cached:
             lru_push_tail(v, b)
+            policy_enter(v, b)
         else:
             v.tokens[b, :] = -1
             set_logged(v, v.block_flags, FIELD.block_flags, b, 0)
@@ -205,6 +213,7 @@ def register_full_block(v, b, parent_block, salt):
         new_flags |= F_REGISTERED
         table_insert(v, b, h)
         note_event(v, EVENT_STORED, b)
+        policy_registered(v, b, parent_block, True)
     set_logged(v, flags, FIELD.block_flags, b, new_flags)
 
 
@@ -224,6 +233,7 @@ def reclaim_tail(v, b, fill):
     flags = v.block_flags[b]
     if flags & F_REGISTERED:
         table_remove(v, b)
+        policy_unregistered(v, b)
     v.block_flags[b] = flags & F_KNOWN
 
 
@@ -231,6 +241,7 @@ def reclaim_tail(v, b, fill):
 def claim_cached(v, b):
     """A prefix hit on cached block ``b`` (refcount 0): off the LRU list, in use again; the
     caller adds the reference."""
+    policy_leave(v, b, False)
     lru_unlink(v, b)
     v.meta[M_USED] += 1
     if v.meta[M_PAGE_K] != 0:

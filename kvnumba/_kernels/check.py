@@ -7,6 +7,7 @@ The only kernel that scans the whole pool. It returns the first inconsistency as
 import numpy as np
 from numba import njit
 
+from kvnumba._kernels.eviction_check import POLICY_MESSAGES, policy_check
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.keys import key_hash
@@ -111,6 +112,7 @@ MESSAGES = {
     "older stamp than its predecessor",
     C_CACHE_ONLY_COUNT: "cache-only list holds {a} pages but {b} mapped pages have no referenced block",
     C_RESERVED: "reserved block {a} is referenced, flagged, listed or has a payload",
+    **POLICY_MESSAGES,
 }
 
 
@@ -382,6 +384,9 @@ def check_state(arena, scratch, pool, counts, seen, marks):
     for b in range(num_blocks):
         if seen[b] == 0:
             return C_BLOCK_LOST, b, 0
+    code, a, c = policy_check(st, seen)
+    if code != 0:
+        return code, a, c
     # Prefix table: every entry a registered block reachable from its home slot, each once.
     mask = htab.shape[0] - 1
     occurrences = counts

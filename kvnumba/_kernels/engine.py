@@ -6,6 +6,7 @@ conveniences"). Every worker is compiled once, out of line, and loaded only when
 """
 
 from kvnumba._kernels.blocks import drop_ref, evict_to_free, reclaim_tail
+from kvnumba._kernels.eviction import policy_unregistered
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.outcomes import Outcome, Status
@@ -156,6 +157,7 @@ def run_reset_prefix_cache(arena, scratch, pool):
             b = seq_table[s, pos]
             if block_flags[b] & F_REGISTERED:
                 table_remove(v, b)
+                policy_unregistered(v, b)
             # A truncated tail keeps its mark: its payload past the fill is still stale.
             block_flags[b] &= F_TRIMMED
     return Outcome(ST_OK, -1, 0, 0, count)

@@ -37,6 +37,7 @@ from kvnumba._kernels.append import AppendInputs, AppendOutputs, append_need, ru
 from kvnumba._kernels.carve import arena_at, carve
 from kvnumba._kernels.check import check
 from kvnumba._kernels.engine import run_evict, run_reset_prefix_cache, run_truncate
+from kvnumba._kernels.eviction import run_set_next_use
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined
 from kvnumba._kernels.keys import check_key_run, register_key_run, run_set_keys
@@ -410,6 +411,13 @@ def k_seq_lens(ids, arena, scratch):
     if resolved.status == ST_OK:
         fill_lens(slots, out, arena, scratch)
     return resolved.status, resolved.bad, out
+
+
+@njit(cache=True)
+def k_set_next_use(blocks, next_use, arena, scratch):
+    """``set_next_use`` (the simulator's ``oracle`` policy): returns (status,)."""
+    run_set_next_use(blocks, next_use, arena, scratch)
+    return (ST_OK,)
 
 
 @njit(cache=True)

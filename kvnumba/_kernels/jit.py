@@ -37,11 +37,12 @@ _HELPER = dict(cache=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper
 # those signatures. They are compiled when the first kernel of a process is loaded
 # (:func:`compile_stated`), not at import, so that importing the package writes no cache file;
 # numba then refuses them other argument types. Each signature taking the views also gets its
-# twin with the views of a manager on a page pool (:data:`.views.VIEWS_PAGED`), but only when
-# a paged kernel is first compiled (:func:`compile_paged_twins`), so that a program without a
-# page pool never compiles them.
+# twin with the views of a manager on a page pool (:data:`.views.VIEWS_PAGED`) or with another
+# eviction policy, but only when such a kernel is first compiled (:func:`compile_twins`), so
+# that a program without a page pool or with LRU never compiles them.
 _STATED: list = []
-_PAGED_TWINS: list = []
+_COMPILED: list = []  # the same, once compiled: the sources of their twins
+_TWINS: set = set()  # views types whose twins are compiled
 
 
 def _decorator(options, signatures):
@@ -70,30 +71,40 @@ def compile_stated() -> None:
         for signature in _signatures(signatures):
             dispatcher.compile(signature)
         dispatcher.disable_compile(True)
-        _PAGED_TWINS.append((dispatcher, signatures))
+        _COMPILED.append((dispatcher, signatures))
     _STATED.clear()
 
 
-def compile_paged_twins() -> None:
-    """Give every helper with a stated signature its twin for a paged manager's views.
-
-    A twin is added by allowing one more compile (``disable_compile``). Called before a paged
-    entry kernel is compiled; a no-op once done.
+def compile_twins(views_type) -> None:
+    """Give every helper with a stated signature its twin for another kind of manager's views
+    (``views_type``: :data:`.views.VIEWS_PAGED`, or the views of a manager with another eviction
+    policy, :data:`.views.VIEWS_POLICY`), so that its kernels compile the helpers' versions for
+    those views. A twin is added by allowing one more compile (``disable_compile``). Called
+    before such a kernel is compiled; a no-op once done for ``views_type``.
     """
-    from kvnumba._kernels.views import VIEWS, VIEWS_PAGED
+    from kvnumba._kernels.views import VIEWS
 
     compile_stated()
-    for dispatcher, signatures in _PAGED_TWINS:
+    if views_type in _TWINS:
+        return
+    _TWINS.add(views_type)
+    for dispatcher, signatures in _COMPILED:
         for signature in _signatures(signatures):
             if VIEWS not in signature.args:
                 continue
-            args = [VIEWS_PAGED if arg == VIEWS else arg for arg in signature.args]
+            args = [views_type if arg == VIEWS else arg for arg in signature.args]
             dispatcher.disable_compile(False)
             try:
                 dispatcher.compile(signature.return_type(*args))
             finally:
                 dispatcher.disable_compile(True)
-    _PAGED_TWINS.clear()
+
+
+def compile_paged_twins() -> None:
+    """:func:`compile_twins` for the views of a manager on a page pool."""
+    from kvnumba._kernels.views import VIEWS_PAGED
+
+    compile_twins(VIEWS_PAGED)
 
 
 def inlined(signatures=None):

@@ -74,6 +74,27 @@ def undo_log_rows(blocks, prompts, blocks_per_page, num_pages):
 undo_log_rows_kernel = inlined(undo_log_rows)
 
 
+def policy_log_rows(policy, num_blocks, blocks, cached):
+    """Entries an eviction policy other than LRU adds to a logged call that takes or claims
+    at most ``blocks`` blocks while ``cached`` blocks are cached (0 for LRU).
+
+    Per block, a heap removal and insertion (two entries per level each), a child unlinked
+    and its parent made a leaf; per cached block at most once in a call, SIEVE's hand clearing
+    its visited count, or an orphaned child re-keyed.
+    """
+    if policy == 0:
+        return 0
+    levels = 1
+    n = num_blocks
+    while n > 1:
+        n >>= 1
+        levels += 1
+    return (4 * levels + 24) * blocks + (2 * levels + 8) * cached
+
+
+policy_log_rows_kernel = inlined(policy_log_rows)
+
+
 def give_up_log_rows(pages, blocks_per_page):
     """Entries a logged give-up of ``pages`` cache-only pages can write."""
     return pages * (_PER_PAGE + _PER_BLOCK * blocks_per_page)

@@ -64,9 +64,27 @@ VIEWS_PAGED = types.NamedTuple(
 )
 
 
+#: The views of a manager with an eviction policy other than LRU: its state arena typed with
+#: layout ``'A'`` (``kernels.compiled(..., policy=True)``), what :mod:`.eviction` dispatches on;
+#: without and with a page pool.
+VIEWS_POLICY = types.NamedTuple(
+    [*VIEWS.types[:-3], types.Array(types.uint8, 1, "A"), *VIEWS.types[-2:]],
+    Views,
+)
+VIEWS_POLICY_PAGED = types.NamedTuple(
+    [*VIEWS_POLICY.types[:-1], VIEWS_PAGED.types[-1]],
+    Views,
+)
+
+
 def is_paged(views_type) -> bool:
     """Whether ``views_type`` (numba's type of a :data:`Views` tuple) is a paged manager's."""
     return views_type.types[-1].layout == "A"
+
+
+def is_policy(views_type) -> bool:
+    """Whether ``views_type`` is the views of a manager whose eviction policy is not LRU."""
+    return views_type.types[-3].layout == "A"
 
 
 GENERATED = Path(__file__).with_name("_views_generated.py")

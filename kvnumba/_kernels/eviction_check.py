@@ -1,0 +1,147 @@
+"""``check()`` of an eviction policy's own state (``_kernels/eviction.py``), recomputed from
+the LRU list, the heap and the forest links.
+
+Called by :func:`.check.check_state` after the LRU list was verified (the cached blocks are
+exactly those on it). For an LRU manager's views :func:`policy_check` is nothing.
+"""
+
+import numpy as np
+from numba.extending import overload
+
+from kvnumba._kernels.eviction import (
+    ORPHAN_AT_BIRTH,
+    P_LFU,
+    P_SIEVE,
+    leaf_key,
+)
+from kvnumba._kernels.jit import out_of_line
+from kvnumba._kernels.views import is_policy
+from kvnumba._state import F_ORPHAN, F_REGISTERED, M_CACHED, M_HAND, M_HEAP_N, M_POLICY, NIL
+
+C_POLICY_HEAP = 40
+C_POLICY_HEAP_MEMBER = 41
+C_POLICY_HEAP_ORDER = 42
+C_POLICY_HAND = 43
+C_POLICY_KIDS = 44
+C_POLICY_UNLINKED = 45
+C_POLICY_ORPHAN = 46
+C_POLICY_KEY = 47
+
+#: Words for the codes above (``check.MESSAGES`` includes them).
+POLICY_MESSAGES = {
+    C_POLICY_HEAP: "eviction heap: position {a} holds block {b}, out of range or not back-linked",
+    C_POLICY_HEAP_MEMBER: "eviction heap: block {a} is in the heap but is referenced, not cached "
+    "or not evictable under the policy ({b})",
+    C_POLICY_HEAP_ORDER: "eviction heap: block {a} comes before its parent entry {b}",
+    C_POLICY_HAND: "sieve: the hand is block {a}, which is not cached",
+    C_POLICY_KIDS: "prefix forest: block {a} is listed as a cached child of {b} but is not "
+    "cached, not its child, or its link is stale or broken",
+    C_POLICY_UNLINKED: "prefix forest: cached block {a} has a live parent {b} but is neither "
+    "listed under it nor marked an orphan (it cannot be hit)",
+    C_POLICY_ORPHAN: "block {a} is marked an orphan but is not cached, or is listed under {b}",
+    C_POLICY_KEY: "eviction heap: block {a} has key {b}, recomputed differently",
+}
+
+
+@out_of_line
+def _cached(st, b):
+    return st.ref[b] == 0 and (st.block_flags[b] & F_REGISTERED) != 0
+
+
+@out_of_line
+def check_policy_state(st, seen):
+    """``(0, 0, 0)`` if the policy's state is consistent, else the first violation.
+
+    ``seen`` is a work array of one byte per block.
+    """
+    meta = st.meta
+    policy = meta[M_POLICY]
+    num_blocks = st.ref.shape[0]
+    heap, pos, key, stamp = st.pol_heap, st.pol_pos, st.pol_key, st.pol_stamp
+    n = meta[M_HEAP_N]
+    leaf = policy != P_LFU and policy != P_SIEVE
+    # The heap: entries back-linked, members evictable under the policy, ordered.
+    in_heap = 0
+    for b in range(num_blocks):
+        if pos[b] != NIL:
+            in_heap += 1
+    if n < 0 or n > num_blocks or in_heap != n:
+        return C_POLICY_HEAP, n, in_heap
+    for i in range(n):
+        b = heap[i]
+        if b < 0 or b >= num_blocks or pos[b] != i:
+            return C_POLICY_HEAP, i, b
+        if not _cached(st, b) or (leaf and st.pol_kid[b] != NIL):
+            return C_POLICY_HEAP_MEMBER, b, policy
+        if leaf and key[b] != leaf_key(st, np.int64(b)):
+            return C_POLICY_KEY, b, key[b]
+        if i > 0:
+            p = heap[(i - 1) >> 1]
+            if key[b] < key[p] or (key[b] == key[p] and stamp[b] < stamp[p]):
+                return C_POLICY_HEAP_ORDER, b, p
+    if policy == P_SIEVE:
+        hand = meta[M_HAND]
+        if n != 0:
+            return C_POLICY_HEAP, n, 0
+        if hand != NIL and (hand < 0 or hand >= num_blocks or not _cached(st, hand)):
+            return C_POLICY_HAND, hand, 0
+        return 0, 0, 0
+    if policy == P_LFU:
+        if n != meta[M_CACHED]:
+            return C_POLICY_HEAP, n, meta[M_CACHED]
+        return 0, 0, 0
+    # The forest: every listed child cached, valid and listed once, under its own parent.
+    seen[:] = 0
+    parent, pgen, gen, kid = st.pol_parent, st.pol_pgen, st.pol_gen, st.pol_kid
+    sib_prev, sib_next = st.pol_sib_prev, st.pol_sib_next
+    for p in range(num_blocks):
+        before = NIL
+        c = kid[p]
+        while c != NIL:
+            if (
+                c < 0
+                or c >= num_blocks
+                or seen[c] != 0
+                or not _cached(st, c)
+                or parent[c] != p
+                or gen[p] != pgen[c]
+                or sib_prev[c] != before
+                or st.block_flags[c] & F_ORPHAN
+            ):
+                return C_POLICY_KIDS, c, p
+            seen[c] = 1
+            before = c
+            c = sib_next[c]
+    leaves = 0
+    for b in range(num_blocks):
+        orphan = (st.block_flags[b] & F_ORPHAN) != 0
+        if not _cached(st, b):
+            if orphan:
+                return C_POLICY_ORPHAN, b, NIL
+            continue
+        if kid[b] == NIL:
+            leaves += 1
+        p = parent[b]
+        if orphan:
+            if seen[b] != 0:
+                return C_POLICY_ORPHAN, b, p
+        elif p == ORPHAN_AT_BIRTH or (p >= 0 and (gen[p] != pgen[b] or seen[b] == 0)):
+            return C_POLICY_UNLINKED, b, p
+    if leaves != n:
+        return C_POLICY_HEAP, n, leaves
+    return 0, 0, 0
+
+
+def policy_check(pst, pseen):
+    """:func:`check_policy_state`; ``(0, 0, 0)`` for an LRU manager (parameters named apart
+    from the caller's variables, as the hooks of :mod:`.eviction`)."""
+    if pst.meta[M_POLICY]:
+        return check_policy_state(pst, pseen)
+    return 0, 0, 0
+
+
+@overload(policy_check, inline="always")
+def _policy_check_impl(pst, pseen):
+    if is_policy(pst):
+        return lambda pst, pseen: check_policy_state(pst, pseen)
+    return lambda pst, pseen: (0, 0, 0)
