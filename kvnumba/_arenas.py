@@ -185,7 +185,8 @@ class Arenas:
             )
 
     def snapshot(self) -> State:
-        """Copies of the state arrays."""
+        """Copies of the state arrays (:class:`kvnumba.state.State`); compare two snapshots
+        field by field."""
         return State(*(array.copy() for array in self.s))
 
     def stats(self, failed_calls: int) -> Stats:

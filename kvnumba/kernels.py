@@ -149,7 +149,7 @@ def compiled(name: str, policy: bool = False):
     elif name in WITH_PAGES:
         compile_paged_twins()  # the helpers' versions for views with the page code
     signature = (*SIGNATURES[name], *arena_types(name, policy))
-    if signature not in dispatcher.overloads and not is_cached(name):
+    if signature not in dispatcher.overloads and not is_cached(name, policy):
         _announce()
     dispatcher.compile(signature)
     return dispatcher.overloads[signature].entry_point
@@ -165,9 +165,13 @@ def arena_types(name: str, policy: bool = False) -> tuple:
     return (_POLICY_ARENA if policy else _ARENA,) + (_ARENA,) * (2 if name in PAGED else 1)
 
 
-def is_cached(name: str) -> bool:
-    """Whether numba's on-disk cache holds the entry kernel ``name`` (its index file)."""
-    return any(any(d.glob(f"entry.{name}-*.nbi")) for d in _cache_dirs())
+def is_cached(name: str, policy: bool = False) -> bool:
+    """Whether numba's on-disk cache holds the entry kernel ``name`` (its index file); with
+    ``policy``, whether it holds two versions (one data file each), as it does once the
+    version for an eviction policy other than LRU was compiled after the LRU one."""
+    if not policy:
+        return any(any(d.glob(f"entry.{name}-*.nbi")) for d in _cache_dirs())
+    return any(len(list(d.glob(f"entry.{name}-*.nbc"))) >= 2 for d in _cache_dirs())
 
 
 def uncached(names) -> list[str]:
@@ -259,12 +263,14 @@ ENGINE_AFTER = {"k_admit_keys": 0}
 ENGINE = tuple(name for group in ENGINE_GROUPS for name in group)
 
 
-def prepare(names=PLAIN, stream=None) -> None:
+def prepare(names=PLAIN, stream=None, policy: bool = False) -> None:
     """Load ``names`` before a command starts its work, saying so on ``stream`` if they must be
     compiled first (a cold cache), so that no progress bar freezes on a compile.
+
+    With ``policy``, the versions for managers whose eviction policy is not LRU.
     """
     global _announced
-    missing = [name for name in names if not is_cached(name)]
+    missing = [name for name in names if not is_cached(name, policy)]
     if missing and stream is not None:
         _announced = True  # said here, not again through logging
         print(
@@ -274,7 +280,7 @@ def prepare(names=PLAIN, stream=None) -> None:
             flush=True,
         )
         start = time.process_time()
-        compile_all(names)
+        compile_all(names, policy=policy)
         print(f"kvnumba: compiled in {time.process_time() - start:.0f} s of CPU", file=stream)
     else:
-        compile_all(names)
+        compile_all(names, policy=policy)

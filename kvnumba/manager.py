@@ -33,13 +33,10 @@ from kvnumba._kernels.entry import (
 )
 from kvnumba._one_request import OneRequest
 from kvnumba._pipeline import CallPipeline, Facts, part_call
-from kvnumba._state import (
-    M_LIVE_SEQS,
-    S_FAILED,
-    State,
-)
+from kvnumba._policy import EvictionPolicy
+from kvnumba._state import M_LIVE_SEQS, S_FAILED
 from kvnumba._virtual_pages import PageSide
-from kvnumba.eviction import SIMULATOR_POLICIES, check_next_use, policy_code
+from kvnumba.eviction import policy_code
 from kvnumba.ids import new_tag
 from kvnumba.inputs import (
     CAP_NONE,
@@ -147,6 +144,7 @@ class BlockManager:
         self._id_tag = new_tag(self)
         self._arenas = Arenas(geometry, self._id_tag, on_evict is not None)
         self._kernels = KernelSet(page_pool is not None, policy=geometry.eviction != 0)
+        self._policy = EvictionPolicy(geometry, self._arenas, self._kernels)
         self._facts = Facts(self._arenas, self._kernels)
         self._keys = EngineKeys(self._arenas, self._kernels, self._facts, block_keys, block_events)
         parts = (self._arenas, self._kernels, self._keys, self._facts, on_evict)
@@ -160,11 +158,10 @@ class BlockManager:
         self._quiet = on_evict is None and not block_events
         self._keyed_fast = self._fast and geometry.block_keys
 
-    def __copy__(self):
+    def __copy__(self, memo=None):
         raise TypeError(_NOT_COPYABLE)
 
-    def __deepcopy__(self, memo):
-        raise TypeError(_NOT_COPYABLE)
+    __deepcopy__ = __copy__
 
     def __repr__(self) -> str:
         s = self.stats()
@@ -182,21 +179,15 @@ class BlockManager:
     reserved_blocks = _geometry_property("reserved_blocks", "Blocks never handed out.")
     prefix_caching = _geometry_property("prefix_caching", "Whether full blocks are cached.")
     block_keys = _geometry_property("block_keys", "Whether blocks carry engine keys.")
-    eviction = property(lambda self: SIMULATOR_POLICIES[self._geometry.eviction], doc="Policy.")
+    eviction = property(lambda self: self._policy.name, doc="The eviction policy's name.")
     id_tag = property(lambda self: self._id_tag, doc="The tag of this manager's ids.")
     page_pool = property(lambda self: self._pages and self._pages.pool, doc="Its PagePool.")
     blocks_per_page = property(
         lambda self: self._geometry.blocks_per_page or None, doc="Blocks per page (or None)."
     )
 
-    @property
-    def state(self) -> State:
-        """Read-only views of the state arrays (:class:`kvnumba.state.State`)."""
-        return self._arenas.views
-
-    def snapshot(self) -> State:
-        """Copies of the state arrays; compare two snapshots field by field."""
-        return self._arenas.snapshot()
+    state = property(lambda self: self._arenas.views, doc="Read-only views of the state arrays.")
+    snapshot = part_call("_arenas", Arenas.snapshot)
 
     # ---------------------------------------------------------------------------- batched API
     def new_sequences(self, count: int) -> np.ndarray:
@@ -373,12 +364,7 @@ class BlockManager:
         blocks = index_array(block_ids, "block_ids")
         return self._pipeline.run_evicting(self._kernels.k_evict, (blocks,), block_ids=blocks)
 
-    def set_next_use(self, block_ids, next_use) -> None:
-        """The simulator's ``oracle`` policy: the trace position of the next use of each
-        block's content (-1: never); ``ValueError`` on any other manager."""
-        blocks, uses = index_array(block_ids, "block_ids"), index_array(next_use, "next_use")
-        check_next_use(self.eviction, self.num_blocks, blocks, uses)
-        self._kernels.k_set_next_use(blocks, uses, *self._arenas.args)
+    set_next_use = part_call("_policy", EvictionPolicy.set_next_use)
 
     def reset_prefix_cache(self) -> int:
         """Evict every cached block and unregister those live sequences hold, so that nothing

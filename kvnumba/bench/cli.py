@@ -10,10 +10,12 @@ evaluated and printed but never fail the command (timings on a shared CI machine
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
 from kvnumba.bench import one_request, runner, workloads
+from kvnumba.eviction import EVICTION_POLICIES
 
 EXIT_DISAGREE = 1
 EXIT_USAGE = 2
@@ -41,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="timed repetitions per workload and implementation (default 5, 1 with --quick)",
+    )
+    p.add_argument(
+        "--eviction",
+        choices=EVICTION_POLICIES,
+        default="lru",
+        help="eviction policy of both implementations (default lru; docs/eviction.md)",
     )
     p.add_argument(
         "--impl",
@@ -150,7 +158,8 @@ def _print_table(doc: dict) -> None:
         f"{'workload':<12} {'steps':>5} {'kvnumba':>12} {'reference':>12} {'ratio':>7}  "
         f"{'blocks':>8} {'COW':>6} {'evict':>7} {'failed':>6}  agree"
     )
-    print(f"kvnumba bench ({'quick' if doc['quick'] else 'full'}, median of {doc['repeat']})")
+    mode = "quick" if doc["quick"] else "full"
+    print(f"kvnumba bench ({mode}, median of {doc['repeat']}, eviction {doc['eviction']})")
     print("times: allocator time per step (us), prologue included\n")
     print(head)
     print("-" * len(head))
@@ -238,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.impl == "kvnumba":
         from kvnumba.kernels import prepare
 
-        prepare(stream=sys.stderr)  # says so if it must compile, before any timing
+        # Says so if it must compile, before any timing.
+        prepare(stream=sys.stderr, policy=args.eviction != "lru")
+    if args.eviction != "lru":
+        fast_cls = functools.partial(fast_cls, eviction=args.eviction)
+        ReferenceBlockManager = functools.partial(ReferenceBlockManager, eviction=args.eviction)
     rows = {}
     for name in names:
         wl = available[name]()
@@ -254,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "repeat": repeat,
         "impl": args.impl,
+        "eviction": args.eviction,
         "workloads": list(rows.values()),
         "engine": engine_doc,
         "budgets": _budgets(rows, engine_doc),
