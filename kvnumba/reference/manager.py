@@ -432,7 +432,7 @@ class ReferenceBlockManager(
         the same block wins).
 
         Registering a block resets its next use to -1; prefix hits leave it. A cached block's
-        new next use counts from its next eviction on.
+        new next use counts at once.
 
         Parameters
         ----------
