@@ -2,7 +2,8 @@
 
 :class:`ReferenceBlockManager` implements the batched API of ``kvnumba.BlockManager`` with
 plain lists, dicts and an :class:`collections.OrderedDict` (numpy only builds the result arrays),
-following the deterministic policies of ``docs/design.md`` exactly. It serves two purposes:
+following the deterministic policies of ``docs/design.md`` and ``docs/eviction.md`` exactly. It
+serves two purposes:
 
 * the test oracle: the jitted kernels must hand out the same block ids, slot mappings, copy-on-
   write pairs, evictions, free-stack and LRU orders;
@@ -23,7 +24,10 @@ Model state (``N = num_blocks``):
   ``block_keys=True`` the engine's key ``(salt, w0, w1, w2, w3)`` and its word 0 instead.
 * ``_prefix``: key -> the registered block with that key (the first block that filled with it).
 * ``_events``: undrained block events ``(kind, block, key words)`` (``block_events=True``).
-* ``_lru``: registered blocks at refcount 0, least recently released first.
+* ``_lru``: registered blocks at refcount 0, least recently released first (for every
+  eviction policy).
+* ``_policy``: the eviction policy's state (``reference.eviction``), which picks the victim of
+  an allocation among ``_lru``.
 * ``_free``: the LIFO free stack (bottom..top); every free block is scrubbed and unhashed.
 * per sequence slot: ``_gen``, ``_live``, ``_table`` (block ids), ``_len``, ``_salt``;
   ``_slots`` is the LIFO stack of free slots.
@@ -49,6 +53,8 @@ The package splits the model along the seams of the kernels (each module says wh
 * ``_common``: constants (``ROOT_HASH``, the state names) and small validation helpers;
 * ``pool``: :class:`ReferencePagePool`;
 * ``blocks``: taking, releasing, evicting and scrubbing blocks (free stack and LRU list);
+* ``eviction``: the eviction policies (``lru``, ``lfu``, ``sieve``, ``leaf-lru``, ``oracle``),
+  one dataclass each, told of blocks entering and leaving the cache;
 * ``prefix``: the prefix table (registering full blocks, looking up a prompt's prefix);
 * ``keys``: engine block keys and block events (prompt parsing, hits, ``lookup``,
   ``set_keys``, ``take_events``, the keyed part of ``check()``);

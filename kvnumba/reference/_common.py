@@ -36,6 +36,7 @@ _STATE = (
     "_slots",
     "_counters",
     "_events",
+    "_policy",  # the eviction policy's state: a dataclass with its own copy()
 )
 # Page state of a manager on a page pool, saved with deep copies (the lists inside are mutated).
 _PAGE_STATE = ("_unmapped", "_phys", "_page_free", "_buckets", "_cache_only")

@@ -1,7 +1,10 @@
 """Blocks and the LRU list of the model: take a block, drop a reference, evict, scrub, count.
 
 Without a page pool free blocks sit on the LIFO free stack ``_free``; registered blocks at
-refcount 0 sit on the LRU list ``_lru`` (least recently released first) until evicted.
+refcount 0 sit on the LRU list ``_lru`` (least recently released first) until evicted. The
+eviction policy ``_policy`` (``reference.eviction``) picks the victim of an allocation; it
+hears of every block entering and leaving ``_lru`` through :meth:`BlocksMixin._cache` and
+:meth:`BlocksMixin._uncache`.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from kvnumba.results import BlockEvents
 
 class BlocksMixin:
     """Block and LRU helpers of :class:`ReferenceBlockManager` (``_ref``, ``_tokens``, ``_key``,
-    ``_hash``, ``_prefix``, ``_lru``, ``_free``, ``_counters``, ``_evicted``)."""
+    ``_hash``, ``_prefix``, ``_lru``, ``_policy``, ``_free``, ``_counters``, ``_evicted``)."""
 
     # ------------------------------------------------------------------ block helpers
 
@@ -35,11 +38,22 @@ class BlocksMixin:
         self._unknown.discard(block)
         self._trimmed.discard(block)
 
+    def _cache(self, block: int) -> None:
+        """Put ``block`` (registered, just released) in the cache, the newest on ``_lru``."""
+        self._lru[block] = None
+        self._policy.entered(block)
+
+    def _uncache(self, block: int) -> None:
+        """Take cached ``block`` off ``_lru`` (claimed by a hit, or evicted)."""
+        self._policy.leaving(block, self._lru)
+        del self._lru[block]
+
     def _evict(self, block: int) -> None:
         """Forget cached ``block``: off the LRU list and the prefix table, recorded, counted."""
-        del self._lru[block]
+        self._uncache(block)
         self._event(BlockEvents.REMOVED, block)
         del self._prefix[self._key[block]]
+        self._policy.unregistered(block)
         self._evicted.append((block, self._hash[block], list(self._tokens[block])))
         self._counters["evictions"] += 1
         self._scrub(block)
@@ -63,15 +77,15 @@ class BlocksMixin:
     def _take_block(self) -> int:
         """Hand out one block (refcount set to 1).
 
-        Without a pool: free stack top, else evict the LRU head. With one: see
-        :meth:`_take_paged`.
+        Without a pool: free stack top, else evict the policy's victim (the LRU head with
+        ``lru``). With one: see :meth:`_take_paged`.
         """
         if self._pool is not None:
             block = self._take_paged()
         elif self._free:
             block = self._free.pop()
         else:
-            block = next(iter(self._lru))
+            block = self._policy.victim(self._lru)
             self._evict(block)
         self._scrub(block)
         self._ref[block] = 1
@@ -85,7 +99,7 @@ class BlocksMixin:
             if self._pool is not None:
                 self._drop_last_paged(block)
             elif self._is_registered(block):
-                self._lru[block] = None  # most recently released at the tail
+                self._cache(block)  # most recently released at the tail
             else:
                 self._scrub(block)
                 self._free.append(block)

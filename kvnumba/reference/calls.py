@@ -278,10 +278,11 @@ class CallsMixin:
         slot = self._take_slot(p.salt)
         for block in hits:  # claim the hits before allocating, so they are never evicted
             if self._ref[block] == 0:
-                del self._lru[block]
+                self._uncache(block)
                 if self._pool is not None:  # its page holds a referenced block again
                     self._cache_only.pop(block // self._k, None)
             self._ref[block] += 1
+            self._policy.hit(block)  # cached or held by another sequence alike
             self._table[slot].append(block)
         self._len[slot] = k * bs
         if self._prefix_caching:

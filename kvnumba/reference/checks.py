@@ -74,6 +74,7 @@ class ChecksMixin:
         for block in self._lru:
             if self._ref[block] or not self._is_registered(block):
                 fail(f"cached block {block} is referenced or not registered")
+        self._policy.check(self._lru, self._is_registered, fail)
         for block in range(self._reserved):
             if self._ref[block] or block in free or block in self._lru:
                 fail(f"reserved block {block} is referenced, free or cached")

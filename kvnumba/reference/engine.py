@@ -82,6 +82,7 @@ class EngineMixin:
         if self._is_registered(block):
             self._event(BlockEvents.REMOVED, block)
             del self._prefix[self._key[block]]
+            self._policy.unregistered(block)
         self._key[block] = None
         self._hash[block] = None
 

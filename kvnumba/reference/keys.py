@@ -28,6 +28,7 @@ import numpy as np
 from kvnumba.errors import SequenceTooLong
 from kvnumba.inputs import hit_caps, key_rows
 from kvnumba.reference._common import _as_int_array
+from kvnumba.reference.eviction import ROOT
 from kvnumba.results import BlockEvents, LookupResult
 
 
@@ -172,13 +173,19 @@ class KeysMixin:
             hits.append(block)
         return hits
 
-    def _set_key(self, block: int, key: tuple) -> None:
-        """Give ``block`` the key ``(salt, w0, w1, w2, w3)``; register it if the key is new."""
+    def _set_key(self, block: int, key: tuple, prev: int) -> None:
+        """Give ``block`` the key ``(salt, w0, w1, w2, w3)``; register it if the key is new.
+
+        ``prev`` is the block before it in the sequence being keyed (-1 at position 0): its
+        parent in the prefix forest if it is registered (the engine's chain is not known here).
+        """
         self._key[block] = key
         self._hash[block] = key[1]
         if key not in self._prefix:  # the first block with this key stays registered
             self._prefix[key] = block
             self._event(BlockEvents.STORED, block)
+            parent = prev if prev >= 0 and self._is_registered(prev) else ROOT
+            self._policy.registered(block, parent)
 
     def _register_keys(self, slot: int, p: _Prompt, hits: int) -> None:
         """After ``admit`` allocated prompt ``p`` in ``slot``: key its non-hit keyed blocks."""
@@ -186,7 +193,7 @@ class KeysMixin:
             return
         table = self._table[slot]
         for j in range(hits, len(p.keys)):
-            self._set_key(table[j], (p.salt, *p.keys[j]))
+            self._set_key(table[j], (p.salt, *p.keys[j]), table[j - 1] if j else -1)
 
     # ------------------------------------------------------------------ public API
 
@@ -283,7 +290,7 @@ class KeysMixin:
         slots = self._resolve_all(ids, unique=True)
         bs = self._block_size
         planned: dict[int, tuple] = {}  # block -> the key this call gives it
-        work: list[tuple[int, tuple]] = []
+        work: list[tuple[int, tuple, int]] = []  # (block, key, the block before it)
         r = 0
         for i, (slot, start, count) in enumerate(
             zip(slots, starts.tolist(), counts.tolist(), strict=True)
@@ -302,13 +309,13 @@ class KeysMixin:
                 if current is not None and current != key:
                     raise ValueError(f"block {block} (position {j} of ids[{i}]) has another key")
                 planned[block] = key
-                work.append((block, key))
+                work.append((block, key, self._table[slot][j - 1] if j else -1))
         if not self._prefix_caching:
             return 0  # nothing is ever registered: the keys were validated and are dropped
         registered = len(self._prefix)
-        for block, key in work:
+        for block, key, prev in work:
             if self._key[block] is None:  # an equal key given before (or in this call): skip
-                self._set_key(block, key)
+                self._set_key(block, key, prev)
         return len(self._prefix) - registered
 
     # ------------------------------------------------------------------ check

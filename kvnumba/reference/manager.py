@@ -20,12 +20,14 @@ from kvnumba.errors import (
     SequenceTooLong,
     TooManySequences,
 )
+from kvnumba.eviction import policy_code
 from kvnumba.ids import ID_TAG_BITS, make_id, new_tag, next_generation, split_id
 from kvnumba.reference._common import _COUNTERS, _as_int, _as_int_array
 from kvnumba.reference.blocks import BlocksMixin
 from kvnumba.reference.calls import CallsMixin
 from kvnumba.reference.checks import ChecksMixin
 from kvnumba.reference.engine import EngineMixin
+from kvnumba.reference.eviction import make_policy
 from kvnumba.reference.keys import KeysMixin
 from kvnumba.reference.one_request import OneRequestMixin
 from kvnumba.reference.pages import PagesMixin
@@ -77,21 +79,29 @@ class ReferenceBlockManager(
         never by hashing their tokens (``reference.keys``).
     block_events : bool, default False
         Record stored/removed block events for :meth:`take_events`.
+    eviction : str, default "lru"
+        The eviction policy, a name of ``kvnumba.EVICTION_POLICIES`` (``docs/eviction.md``).
     _hash_bits : int, default 64
         Accepted for the kernels' test knob (it narrows their table hash to force collisions);
         the model compares whole keys, so it changes nothing here.
+    _hindsight : bool, default False
+        Also accept the policies that need the future of a trace (``"oracle"``): the
+        simulator's managers only.
 
     Raises
     ------
     InvalidGeometry
         If a size argument is smaller than 1, if only one of ``page_pool`` and
         ``blocks_per_page`` is given, or if ``blocks_per_page`` does not divide ``num_blocks``.
+    ValueError
+        If ``eviction`` names no policy (or ``"oracle"`` without ``_hindsight``).
 
     Notes
     -----
     Follows the deterministic policies of ``docs/design.md``: LIFO free-block and slot stacks,
-    ids ``tag << 47 | generation << slot_bits | slot``, release tail block first, eviction from the LRU head; with
-    a page pool, its page policy (fullest mapped page first, then map a page, then evict).
+    ids ``tag << 47 | generation << slot_bits | slot``, release tail block first, eviction of
+    the policy's victim (the LRU head with ``lru``); with a page pool, its page policy
+    (fullest mapped page first, then map a page, then evict).
     Not thread-safe: one thread at a time (for all managers of one pool together).
     """
 
@@ -110,7 +120,9 @@ class ReferenceBlockManager(
         reserved_blocks: int = 0,
         block_keys: bool = False,
         block_events: bool = False,
+        eviction: str = "lru",
         _hash_bits: int = 64,
+        _hindsight: bool = False,
     ):
         num_blocks = _as_int(num_blocks, "num_blocks")
         block_size = _as_int(block_size, "block_size")
@@ -145,6 +157,7 @@ class ReferenceBlockManager(
             raise InvalidGeometry("reserved_blocks must be 0 with a page pool")
         if not 0 <= _as_int(_hash_bits, "_hash_bits") <= 64:
             raise InvalidGeometry("_hash_bits must be in [0, 64]")
+        policy_code(eviction, hindsight=bool(_hindsight))  # ValueError for an unknown name
         self._block_keys = bool(block_keys)
         self._block_events = bool(block_events)
         self._events: list[tuple[int, int, tuple]] = []  # (kind, block, key words), undrained
@@ -162,6 +175,7 @@ class ReferenceBlockManager(
         self._hash: list[int | None] = [None] * num_blocks
         self._prefix: dict[tuple, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()
+        self._policy = make_policy(eviction, num_blocks)  # picks the victims among _lru
         # Pops reserved_blocks, reserved_blocks + 1, ...; reserved blocks are never listed.
         self._free = list(range(num_blocks - 1, reserved_blocks - 1, -1))
         # Blocks whose content counts as unknown (a token appended without an id, or
@@ -244,6 +258,11 @@ class ReferenceBlockManager(
     def block_keys(self) -> bool:
         """Whether blocks are registered under engine keys instead of chained hashes."""
         return self._block_keys
+
+    @property
+    def eviction(self) -> str:
+        """The eviction policy's name."""
+        return self._policy.name
 
     @property
     def page_pool(self) -> ReferencePagePool | None:
@@ -408,6 +427,43 @@ class ReferenceBlockManager(
         self._commit_call()
         return count
 
+    def set_next_use(self, block_ids, next_use) -> None:
+        """Tell the ``oracle`` policy when blocks are used next, in order (a later entry for
+        the same block wins).
+
+        Registering a block resets its next use to -1; prefix hits leave it. A cached block's
+        new next use counts at once.
+
+        Parameters
+        ----------
+        block_ids : array-like of int, shape (n,)
+            Blocks, ``0 <= block_ids[i] < num_blocks``.
+        next_use : array-like of int, shape (n,)
+            Each block's next use (e.g. the position in the trace of the next request using
+            its content), ``>= -1``; -1: never used again.
+
+        Raises
+        ------
+        ValueError
+            A policy other than ``oracle``, lengths that differ, a block out of range or a
+            next use below -1 (nothing changed).
+        TypeError
+            Non-integer input.
+        """
+        if self._policy.name != "oracle":
+            raise ValueError(f"set_next_use needs the oracle policy, not {self._policy.name!r}")
+        blocks = _as_int_array(block_ids, "block_ids")
+        uses = _as_int_array(next_use, "next_use")
+        if len(blocks) != len(uses):
+            raise ValueError(f"{len(blocks)} block_ids and {len(uses)} next_use values")
+        for i, block in enumerate(blocks.tolist()):
+            if not 0 <= block < self._num_blocks:
+                raise ValueError(f"block_ids[{i}] = {block} is outside the pool")
+        if (uses < -1).any():
+            raise ValueError("next_use must be >= -1")
+        for block, use in zip(blocks.tolist(), uses.tolist(), strict=True):
+            self._policy.set_next_use(block, use)
+
     def block_tables(self, ids) -> np.ndarray:
         """Block tables of ``ids``, padded with -1.
 
@@ -468,7 +524,7 @@ class ReferenceBlockManager(
         return [b for blocks in self._page_free for b in blocks]
 
     def lru_blocks(self) -> list[int]:
-        """Cached block ids from the LRU head (evicted next) to the tail."""
+        """Cached block ids in release order, oldest first (with ``lru``, evicted first)."""
         return list(self._lru)
 
     def stats(self) -> Stats:

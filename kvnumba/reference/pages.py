@@ -69,7 +69,8 @@ class PagesMixin:
 
         The front page of the lowest non-empty bucket (the fullest mapped page with a free
         block) gives the top of its free list; else a new page is mapped if the pool has a free
-        page and a virtual page is left; else the LRU head is evicted.
+        page and a virtual page is left; else the policy's victim (the LRU head with ``lru``)
+        is evicted.
         """
         for c in range(1, self._k):
             if self._buckets[c]:
@@ -83,7 +84,7 @@ class PagesMixin:
                 block = self._page_free[v].pop()
                 self._enter_bucket(v)  # bucket k - 1 (none when k == 1)
             else:
-                block = next(iter(self._lru))
+                block = self._policy.victim(self._lru)
                 self._evict(block)
                 v = block // self._k
         # The page now holds a referenced block, so it is no longer cache-only (a page is on
@@ -95,7 +96,7 @@ class PagesMixin:
         """A block's refcount just reached 0 on a manager with a page pool."""
         v = block // self._k
         if self._is_registered(block):
-            self._lru[block] = None  # most recently released at the tail
+            self._cache(block)  # most recently released at the tail
         else:
             self._scrub(block)
             self._leave_bucket(v)

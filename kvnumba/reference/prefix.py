@@ -7,6 +7,7 @@ tokens)``; the first block that filled with a key is the one registered in ``_pr
 from __future__ import annotations
 
 from kvnumba.reference._common import ROOT_HASH, _hash64
+from kvnumba.reference.eviction import ORPHAN_AT_BIRTH, ROOT
 from kvnumba.results import BlockEvents
 
 
@@ -34,6 +35,18 @@ class PrefixMixin:
         if key not in self._prefix:  # the first block with this key stays registered
             self._prefix[key] = block
             self._event(BlockEvents.STORED, block)
+            self._policy.registered(block, self._content_parent(table, index))
+
+    def _content_parent(self, table: list[int], index: int) -> int:
+        """Parent in the prefix forest of block ``index`` of ``table``, registered by content.
+
+        The registered block holding the previous block's key (the previous block itself when
+        it is the registered one, else the copy registered before it); ``ROOT`` at position 0,
+        ``ORPHAN_AT_BIRTH`` when no block is registered with that key.
+        """
+        if index == 0:
+            return ROOT
+        return self._prefix.get(self._key[table[index - 1]], ORPHAN_AT_BIRTH)
 
     def _lookup_prefix(self, prompt: list[int], salt: int) -> list[int]:
         """Registered blocks matching the prompt's leading full blocks (at most ``(L-1)//bs``)."""
