@@ -69,6 +69,9 @@ M_HEAP_N = 33  # blocks in the policy's heap (lfu, leaf-lru, oracle)
 M_POL_CLOCK = 34  # releases into the cache so far: the next stamp
 M_POL_AGE = 35  # lfu: the age L (priority of the latest victim)
 M_HAND = 36  # sieve: the hand (a cached block), or NIL
+# Victims a policy chose that it must never choose: a referenced block, or under the leaf
+# policies one with cached children (``check()`` reports any; a correct policy keeps it 0).
+M_POLICY_FAULTS = 37
 META_SIZE = 40
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------

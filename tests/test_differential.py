@@ -8,6 +8,10 @@ sibling reclaim happen often):
 - two managers on one ``PagePool``, with ``on_evict`` per manager and the pool's ``on_map`` /
   ``on_unmap``.
 
+Every manager draws its eviction policy (``kvnumba.eviction``: every ``BlockManager`` policy and
+the simulator's ``oracle``, which also gets random next-use hints), so the run covers each
+policy in both set-ups, and both sides must choose the same victims.
+
 After every call both sides agree on the outcome (result arrays, exception type, and
 ``needed`` / ``available`` of ``PoolExhausted``), on every callback delivered (in order), on
 stats, sequence lengths, block tables, LRU order, and with a pool on its free stack, owner
@@ -34,6 +38,7 @@ from test_stateful import lru_order
 from test_stateful_pages import kernel_cache_only, kernel_owners, reference_owners
 
 import kvnumba
+from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
 from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
 
 MIN_OPERATIONS = 200_000
@@ -104,7 +109,9 @@ def random_geometries(rng, paged: bool):
             max_seqs=int(rng.integers(3, 9)),
             max_seq_len=int(rng.integers(2, 7)) * block_size + int(rng.integers(0, 3)),
             prefix_caching=bool(rng.random() < 0.85),
+            eviction=str(rng.choice(SIMULATOR_POLICIES)),
         )
+        kwargs["_hindsight"] = kwargs["eviction"] in HINDSIGHT_POLICIES
         if paged:
             k = int(rng.integers(1, 5))
             kwargs["blocks_per_page"] = k
@@ -264,6 +271,18 @@ class Differential:
         make = args.get(call, lambda i: ([i], 1))
         assert self.both(who, call, make(k), make(r)) is None, f"{call} took a released id"
 
+    def hint(self, who):
+        """Next-use hints of the ``oracle`` policy (its managers only)."""
+        kv = self.kv.managers[who]
+        if kv.eviction not in HINDSIGHT_POLICIES:
+            return
+        n = int(self.rng.integers(1, 4))
+        blocks = self.rng.integers(0, kv.num_blocks, n).tolist()
+        uses = self.rng.integers(-1, 30, n).tolist()
+        kv.set_next_use(blocks, uses)
+        self.ref.managers[who].set_next_use(blocks, uses)
+        self.counts["oracle hint"] += 1
+
     OPERATIONS = (
         # (method, weight): appends and admits dominate, as in an engine's step loop
         ("append", 30),
@@ -275,6 +294,7 @@ class Differential:
         ("release_all", 4),
         ("trim", 4),
         ("stale", 4),
+        ("hint", 4),
     )
 
     # ---------------------------------------------------------------------------- compare
@@ -331,6 +351,8 @@ def test_differential_against_the_reference(capsys):
                 f" {diff.setup}), last calls (name, manager): {list(history)}"
             ) from exc
         counts.update(diff.counts)
+        for manager in diff.kv.managers:
+            counts[f"evictions under {manager.eviction}"] += manager.stats().evictions
         n += ROUND
         rounds += 1
     with capsys.disabled():  # the count shows in every run, not only with -s
@@ -340,6 +362,8 @@ def test_differential_against_the_reference(capsys):
     # The mix must reach the paths it is here for; a change that made them unreachable
     # would otherwise pass quietly.
     for outcome in (
+        *(f"evictions under {name}" for name in SIMULATOR_POLICIES),
+        "oracle hint",
         "append raised PoolExhausted",
         "admit raised PoolExhausted",
         "append raised SequenceReleased",

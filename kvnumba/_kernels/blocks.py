@@ -13,6 +13,9 @@ from numba import int64, void
 
 from kvnumba._kernels.events import EVENT_REMOVED, EVENT_STORED, note_event
 from kvnumba._kernels.eviction import (
+    CLAIMED,
+    EVICTED,
+    EVICTED_VICTIM,
     policy_enter,
     policy_leave,
     policy_registered,
@@ -59,10 +62,11 @@ from kvnumba._state import (
 
 
 @inlined
-def evict_block(v, b):
+def evict_block(v, b, victim):
     """Reclaim cached block ``b``: off the LRU list, its table entry marked, payload recorded
-    for ``on_evict`` and scrubbed. The caller sets its refcount and flags."""
-    policy_leave(v, b, True)
+    for ``on_evict`` and scrubbed. The caller sets its refcount and flags. ``victim``: the
+    eviction policy chose it (else the eviction was asked for)."""
+    policy_leave(v, b, EVICTED_VICTIM if victim else EVICTED)
     lru_unlink(v, b)
     scr = v.scr
     record = scr[S_EV_N]
@@ -85,7 +89,7 @@ def evict_to_free(v, b):
     eviction for allocation (``on_evict`` record, table entry marked, payload scrubbed,
     counted), then the block is free: on the free stack, or with a page pool back on its page,
     which is unmapped once it holds nothing. Out of line: not on any hot path."""
-    evict_block(v, b)
+    evict_block(v, b, False)
     v.block_flags[b] = 0
     if v.meta[M_PAGE_K] != 0:
         evicted_to_page(v, np.int64(b))
@@ -110,7 +114,7 @@ def take_reclaimed(v):
             log_write(v, U_TOKROW, b, -1)
             return b
     b = policy_victim(v)
-    evict_block(v, b)
+    evict_block(v, b, True)
     if paged:
         page_gain_ref(v, b // v.meta[M_PAGE_K])
     return b
@@ -241,7 +245,7 @@ def reclaim_tail(v, b, fill):
 def claim_cached(v, b):
     """A prefix hit on cached block ``b`` (refcount 0): off the LRU list, in use again; the
     caller adds the reference."""
-    policy_leave(v, b, False)
+    policy_leave(v, b, CLAIMED)
     lru_unlink(v, b)
     v.meta[M_USED] += 1
     if v.meta[M_PAGE_K] != 0:

@@ -38,6 +38,7 @@ from kvnumba._state import (
     M_POL_AGE,
     M_POL_CLOCK,
     M_POLICY,
+    M_POLICY_FAULTS,
     NIL,
 )
 from kvnumba.eviction import POLICY_CODES
@@ -49,6 +50,9 @@ P_ORACLE = POLICY_CODES["oracle"]
 #: ``pol_parent`` of a block registered under a parent hash that no block holds any more: an
 #: orphan as soon as it is cached. A root (a sequence's first block) has NIL.
 ORPHAN_AT_BIRTH = -2
+#: How a cached block leaves the cache (:func:`leave_cache`): a prefix hit claims it, or it is
+#: evicted on request (``evict``, ``trim``, ``reset_prefix_cache``), or as the policy's victim.
+CLAIMED, EVICTED, EVICTED_VICTIM = 0, 1, 2
 #: ``oracle`` keys: a block never used again, and an orphan (evicted before anything else).
 NEVER_KEY = -(1 << 62)
 ORPHAN_KEY = NEVER_KEY - 1
@@ -218,10 +222,17 @@ def enter_cache(v, b):
 
 
 @out_of_line
-def leave_cache(v, b, evicted):
-    """Cached block ``b`` is about to leave the LRU list: claimed by a hit, or evicted."""
+def leave_cache(v, b, how):
+    """Cached block ``b`` is about to leave the LRU list: ``how`` is :data:`CLAIMED`,
+    :data:`EVICTED` or :data:`EVICTED_VICTIM`. A victim that the policy must never choose (a
+    referenced block; under a leaf policy, one with cached children) is counted as a fault,
+    which ``check()`` reports."""
     meta = v.meta
     policy = meta[M_POLICY]
+    if how == EVICTED_VICTIM and (
+        v.ref[b] != 0 or (policy != P_LFU and policy != P_SIEVE and v.pol_kid[b] != NIL)
+    ):
+        meta[M_POLICY_FAULTS] += 1
     if policy == P_SIEVE:
         if meta[M_HAND] == b:
             meta[M_HAND] = v.lru_next[b]
@@ -238,7 +249,7 @@ def leave_cache(v, b, evicted):
         _unlink_kid(v, b, p)
         if v.pol_kid[p] == NIL and _is_cached(v, p):
             heap_push(v, p)  # a leaf now
-    if evicted:
+    if how != CLAIMED:
         orphan_kids(v, b)
 
 
@@ -323,10 +334,10 @@ def policy_enter(pv, pb):
         enter_cache(pv, pb)
 
 
-def policy_leave(pv, pb, pevicted):
+def policy_leave(pv, pb, phow):
     """:func:`leave_cache` (nothing under LRU)."""
     if pv.meta[M_POLICY]:
-        leave_cache(pv, pb, pevicted)
+        leave_cache(pv, pb, phow)
 
 
 def policy_victim(pv):
@@ -369,10 +380,10 @@ def _policy_registered_impl(pv, pb, pprev, pcontent):
 
 
 @overload(policy_leave, inline="never")
-def _policy_leave_impl(pv, pb, pevicted):
+def _policy_leave_impl(pv, pb, phow):
     if is_policy(pv):
-        return lambda pv, pb, pevicted: leave_cache(pv, np.int64(pb), pevicted)
-    return lambda pv, pb, pevicted: None
+        return lambda pv, pb, phow: leave_cache(pv, np.int64(pb), np.int64(phow))
+    return lambda pv, pb, phow: None
 
 
 def _resolve_by_views(stub, policy_call):

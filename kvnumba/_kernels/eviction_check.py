@@ -16,7 +16,16 @@ from kvnumba._kernels.eviction import (
 )
 from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.views import is_policy
-from kvnumba._state import F_ORPHAN, F_REGISTERED, M_CACHED, M_HAND, M_HEAP_N, M_POLICY, NIL
+from kvnumba._state import (
+    F_ORPHAN,
+    F_REGISTERED,
+    M_CACHED,
+    M_HAND,
+    M_HEAP_N,
+    M_POLICY,
+    M_POLICY_FAULTS,
+    NIL,
+)
 
 C_POLICY_HEAP = 40
 C_POLICY_HEAP_MEMBER = 41
@@ -26,6 +35,7 @@ C_POLICY_KIDS = 44
 C_POLICY_UNLINKED = 45
 C_POLICY_ORPHAN = 46
 C_POLICY_KEY = 47
+C_POLICY_FAULT = 48
 
 #: Words for the codes above (``check.MESSAGES`` includes them).
 POLICY_MESSAGES = {
@@ -40,6 +50,8 @@ POLICY_MESSAGES = {
     "listed under it nor marked an orphan (it cannot be hit)",
     C_POLICY_ORPHAN: "block {a} is marked an orphan but is not cached, or is listed under {b}",
     C_POLICY_KEY: "eviction heap: block {a} has key {b}, recomputed differently",
+    C_POLICY_FAULT: "the eviction policy chose {a} victims it must never choose (a referenced "
+    "block, or under a leaf policy a block with cached children)",
 }
 
 
@@ -60,6 +72,8 @@ def check_policy_state(st, seen):
     heap, pos, key, stamp = st.pol_heap, st.pol_pos, st.pol_key, st.pol_stamp
     n = meta[M_HEAP_N]
     leaf = policy != P_LFU and policy != P_SIEVE
+    if meta[M_POLICY_FAULTS] != 0:
+        return C_POLICY_FAULT, meta[M_POLICY_FAULTS], 0
     # The heap: entries back-linked, members evictable under the policy, ordered.
     in_heap = 0
     for b in range(num_blocks):

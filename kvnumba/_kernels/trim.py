@@ -58,7 +58,7 @@ def run_give_up(max_pages, logged, arena, scratch, pool):
         cache_only_unlink(v, page)
         for b in range(page * k, page * k + k):
             if v.ref[b] == 0 and v.block_flags[b] & F_REGISTERED:
-                evict_block(v, b)
+                evict_block(v, b, False)
                 set_logged(v, v.block_flags, FIELD.block_flags, b, 0)
         unmap_page(v, page)
         done += 1
