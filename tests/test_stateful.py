@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import kvnumba
 from kvnumba._state import F_TRIMMED, M_FREE_TOP, M_LRU_HEAD, NIL
+from kvnumba.eviction import EVICTION_POLICIES
 from kvnumba.reference import ReferenceBlockManager
 
 TOKENS = st.integers(0, 2)  # a tiny alphabet, so equal prefixes (and cache hits) are common
@@ -53,8 +54,9 @@ class KernelsVersusReference(RuleBasedStateMachine):
         max_seqs=st.integers(3, 10),
         prefix_caching=st.booleans(),
         reserved_blocks=st.sampled_from([0, 0, 1, 2]),
+        eviction=st.sampled_from(EVICTION_POLICIES),
     )
-    def setup(self, num_blocks, block_size, max_seqs, prefix_caching, reserved_blocks):
+    def setup(self, num_blocks, block_size, max_seqs, prefix_caching, reserved_blocks, eviction):
         max_seq_len = 6 * block_size + 2
         self.evicted_kv, self.evicted_ref = Evictions(), Evictions()
         geometry = dict(
@@ -62,6 +64,7 @@ class KernelsVersusReference(RuleBasedStateMachine):
             max_seq_len=max_seq_len,
             prefix_caching=prefix_caching,
             reserved_blocks=reserved_blocks,
+            eviction=eviction,
         )
         self.kv = kvnumba.BlockManager(num_blocks, block_size, on_evict=self.evicted_kv, **geometry)
         # The same id tag: both sides hand out the same ids.
@@ -358,6 +361,7 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
         prefix_caching=st.sampled_from([True, True, True, False]),
         reserved_blocks=st.sampled_from([0, 0, 1]),
         hash_bits=st.sampled_from([64, 64, 1]),
+        eviction=st.sampled_from(EVICTION_POLICIES),
     )
     def setup(self, num_blocks, block_size, max_seqs, block_keys, prefix_caching, **flags):
         reserved_blocks, hash_bits = flags["reserved_blocks"], flags["hash_bits"]
@@ -375,6 +379,7 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
             block_keys=block_keys,
             block_events=True,
             _hash_bits=hash_bits,
+            eviction=flags["eviction"],
         )
 
         def hook(records, hashes):

@@ -18,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import kvnumba
 from kvnumba._kernels.physical_pages import O_CLIENT, O_VIRTUAL
 from kvnumba._state import M_CO_HEAD, NIL
+from kvnumba.eviction import EVICTION_POLICIES
 from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
 
 TOKENS = st.integers(0, 2)
@@ -78,8 +79,11 @@ class PagesVersusReference(RuleBasedStateMachine):
         pages_per_manager=st.lists(st.integers(1, 5), min_size=MANAGERS, max_size=MANAGERS),
         pool_pages=st.integers(2, 7),
         block_size=st.sampled_from([1, 2, 3]),
+        evictions=st.lists(
+            st.sampled_from(EVICTION_POLICIES), min_size=MANAGERS, max_size=MANAGERS
+        ),
     )
-    def setup(self, blocks_per_page, pages_per_manager, pool_pages, block_size):
+    def setup(self, blocks_per_page, pages_per_manager, pool_pages, block_size, evictions):
         self.kv_hooks, self.ref_hooks = Recorder(), Recorder()
         self.kv_pool = kvnumba.PagePool(
             pool_pages, on_map=self.kv_hooks.hook("map"), on_unmap=self.kv_hooks.hook("unmap")
@@ -93,7 +97,12 @@ class PagesVersusReference(RuleBasedStateMachine):
             # unmapped virtual pages, not by what its siblings could give.
             k = blocks_per_page[who]
             num_blocks = k * pages_per_manager[who]
-            geometry = dict(max_seqs=8, max_seq_len=6 * block_size + 2, blocks_per_page=k)
+            geometry = dict(
+                max_seqs=8,
+                max_seq_len=6 * block_size + 2,
+                blocks_per_page=k,
+                eviction=evictions[who],
+            )
             self.kv.append(
                 kvnumba.BlockManager(
                     num_blocks,
