@@ -261,6 +261,9 @@ ENGINE_GROUPS = (
 ENGINE_AFTER = {"k_admit_keys": 0}
 #: All of :data:`ENGINE_GROUPS`; ``kvnumba compile --engine`` compiles just these.
 ENGINE = tuple(name for group in ENGINE_GROUPS for name in group)
+#: What an engine's manager with an eviction policy other than LRU calls (its one-request
+#: calls that change state take the batched kernels; lookups read the state with the LRU ones).
+ENGINE_POLICY = ("k_admit_keys", "k_append", "k_set_keys", "k_release", "k_lookup_keys")
 
 
 def prepare(names=PLAIN, stream=None, policy: bool = False) -> None:

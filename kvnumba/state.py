@@ -28,8 +28,8 @@ class Meta:
 
     #: Blocks on the free stack (``state.free_stack[:FREE_TOP]``).
     FREE_TOP = _state.M_FREE_TOP
-    #: Least recently released cached block (the next evicted), or ``NIL``; follow
-    #: ``state.lru_next`` from it.
+    #: Least recently released cached block (under LRU the next evicted), or ``NIL``; follow
+    #: ``state.lru_next`` from it: every policy keeps the cached blocks in release order.
     LRU_HEAD = _state.M_LRU_HEAD
     #: Most recently released cached block, or ``NIL``.
     LRU_TAIL = _state.M_LRU_TAIL

@@ -422,6 +422,18 @@ _LOGGED = (
     "page_stamp",
     "block_next",
     "buckets",
+    # Eviction policies other than LRU (their fields have no rows under LRU).
+    "pol_value",
+    "pol_key",
+    "pol_stamp",
+    "pol_heap",
+    "pol_pos",
+    "pol_parent",
+    "pol_pgen",
+    "pol_gen",
+    "pol_kid",
+    "pol_sib_prev",
+    "pol_sib_next",
 )
 
 
@@ -435,7 +447,7 @@ def test_logged_fields_list_is_complete():
     assert set(_LOGGED) <= {f.name for f in STATE_FIELDS}
 
 
-def _paged_manager(on_evict=None, block_keys=False):
+def _paged_manager(on_evict=None, block_keys=False, eviction="lru"):
     """A small paged manager with some state: two sequences, full and partial blocks."""
     mgr = BlockManager(
         16,
@@ -445,6 +457,7 @@ def _paged_manager(on_evict=None, block_keys=False):
         blocks_per_page=4,
         on_evict=on_evict,
         block_keys=block_keys,
+        eviction=eviction,
     )
     a, b = mgr.new_sequences(2)
     mgr.append([a, b], [5, 3], np.arange(8))
@@ -453,7 +466,10 @@ def _paged_manager(on_evict=None, block_keys=False):
 
 @pytest.mark.parametrize("name", _LOGGED)
 def test_rollback_restores_each_logged_field(name):
-    mgr = _paged_manager(block_keys=name == "block_key")  # key rows exist with block_keys only
+    # Key rows exist with block_keys only, policy rows with a policy other than LRU.
+    mgr = _paged_manager(
+        block_keys=name == "block_key", eviction="leaf-lru" if name.startswith("pol_") else "lru"
+    )
     field = getattr(mgr._arenas.s, name)
     flat = field.reshape(-1)  # a view: seq_table is 2-D and logged by flat index
     code = getattr(FIELD, name)

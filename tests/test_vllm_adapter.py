@@ -159,6 +159,46 @@ def test_adapter_matches_vllm_manager(seed):
     _same_view(ref, kvn)
 
 
+@pytest.mark.parametrize("eviction", kvnumba.EVICTION_POLICIES)
+def test_every_eviction_policy_serves_the_scheduler_calls(eviction, monkeypatch):
+    # The policy comes from the environment (vLLM builds the manager); shared prefixes, a
+    # pool small enough to evict, preemptions: the adapter's view stays consistent.
+    monkeypatch.setenv("KVNUMBA_EVICTION", eviction)
+    kvn = _managers(24, enable_kv_cache_events=True)[1]
+    assert kvn.kvnumba.eviction == eviction
+    rng = random.Random(eviction)
+    prefixes = [[rng.randrange(1000) for _ in range(3 * BS)] for _ in range(3)]
+    running, hits, serial = {}, 0, 0
+    for _ in range(200):
+        if rng.random() < 0.4 or not running:
+            serial += 1
+            tokens = rng.choice(prefixes) + [100_000 + serial] * (BS + 1)
+            req = _request(f"r{serial}", tokens)
+            blocks, cached = kvn.get_computed_blocks(req)[:2]
+            hits += cached
+            if kvn.allocate_slots(req, len(tokens) - cached, cached, blocks) is not None:
+                req.status = RequestStatus.RUNNING
+                req.num_computed_tokens = len(tokens)
+                running[req.request_id] = req
+        else:
+            req = running.pop(rng.choice(list(running)))
+            if rng.random() < 0.5:
+                req.append_output_token_ids(rng.randrange(1000))
+                if kvn.allocate_slots(req, 1) is not None:
+                    req.num_computed_tokens += 1
+                    running[req.request_id] = req
+                    continue
+            kvn.free(req)
+        kvn.check()
+    assert hits > 0 and kvn.kvnumba.stats().evictions > 0
+    removed = sum(type(e).__name__ == "BlockRemoved" for e in kvn.take_events())
+    assert removed > 0
+    for req in running.values():
+        kvn.free(req)
+    assert kvn.reset_prefix_cache()
+    kvn.check()
+
+
 def test_events_of_a_decode_step_that_fills_a_block():
     ref, kvn = _managers(16, enable_kv_cache_events=True)
     pair = [_request("a", list(range(BS + 2))) for _ in range(2)]

@@ -13,6 +13,8 @@ hits, and the keys of the blocks that become full and final are registered with 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -21,6 +23,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
 import kvnumba
+from kvnumba.eviction import policy_code
 from kvnumba.integrations.engine_keys import KEY_BYTES, keys_from_hashes, keys_from_runs
 from kvnumba.integrations.vllm import _events
 from kvnumba.integrations.vllm._maintenance import CacheMaintenance
@@ -28,7 +31,12 @@ from kvnumba.integrations.vllm._unserved import UnservedFeatureSteps
 from kvnumba.integrations.vllm._views import BlockPoolView, CoordinatorView
 from kvnumba.integrations.vllm.support import manager_fallback_reason
 from kvnumba.integrations.vllm_compile import load_engine_kernels
+from kvnumba.kernels import ENGINE_POLICY, compile_all
 from kvnumba.state import BlockFlag, Meta, slot_mask
+
+#: Names kvnumba's eviction policy when the scheduler builds the manager (vLLM's constructor
+#: call has no place for it).
+EVICTION_ENV = "KVNUMBA_EVICTION"
 
 logger = init_logger(__name__)
 
@@ -124,6 +132,10 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         Requests that may hold blocks at once (kvnumba's block tables are
         ``max_seqs x ceil(max_model_len / block_size)``); default ``min(num_blocks - 1, 1024)``.
         A new request beyond it gets no slots (``allocate_slots`` returns None) until one ends.
+    eviction : str, optional
+        kvnumba's eviction policy (``kvnumba.EVICTION_POLICIES``); default the environment
+        variable ``KVNUMBA_EVICTION``, else ``"lru"`` (vLLM's own order). Another policy's
+        kernels are compiled (or loaded) here, not while serving.
 
     Notes
     -----
@@ -150,6 +162,7 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         enable_mamba_shared_prefix_checkpoint: bool = False,
         *,
         max_seqs: int | None = None,
+        eviction: str | None = None,
     ) -> None:
         reason = manager_fallback_reason(
             kv_cache_config,
@@ -192,8 +205,14 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             )
         if max_seqs is None:
             max_seqs = min(num_blocks - 1, 1024)
+        if eviction is None:
+            eviction = os.environ.get(EVICTION_ENV) or "lru"
         # Compiled or loaded now, not at the first step (see vllm_compile).
         load_engine_kernels(logger)
+        if eviction != "lru":
+            policy_code(eviction)  # a bad name fails here, before any compile
+            logger.info("kvnumba: eviction policy %s (loading its kernels)", eviction)
+            compile_all(ENGINE_POLICY, policy=True)
         self.kvnumba = kvnumba.BlockManager(
             num_blocks,
             self.block_size,
@@ -204,6 +223,7 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             reserved_blocks=1,
             block_keys=True,
             block_events=enable_kv_cache_events and enable_caching,
+            eviction=eviction,
         )
         state = self.kvnumba.state
         self._table = state.seq_table
