@@ -129,8 +129,9 @@ class Census:
         self.keys = keys
         self.starts = prompt_block_starts(keys)
         self.parent = parent_keys(keys)
-        self.held_key = np.full(num_blocks, -1, np.int64)
-        self.held_parent = np.full(num_blocks, -1, np.int64)
+        # Per block: the entry of ``keys`` (request, prompt position) it was last seen holding
+        # (-1: none), and its hash then. Two arrays of the pool's size, nothing per key.
+        self.held = np.full(num_blocks, -1, np.int64)
         self.held_hash = np.zeros(num_blocks, np.uint64)
         self.unreachable: list[int] = []
         self.cached: list[int] = []
@@ -148,8 +149,7 @@ class Census:
             Their block tables, read right after the admission.
         """
         blocks, index = admitted_prompt_blocks(self.keys, self.starts, requests, tables)
-        self.held_key[blocks] = self.keys.keys[index]
-        self.held_parent[blocks] = self.parent[index]
+        self.held[blocks] = index
         self.held_hash[blocks] = block_hashes(mgr, blocks)
 
     def count(self, ref: np.ndarray, registered: np.ndarray, hashes: np.ndarray) -> tuple:
@@ -165,10 +165,11 @@ class Census:
         (int, int)
             Cached blocks whose parent key no registered block holds, and cached blocks.
         """
-        known = registered & (self.held_key >= 0) & (self.held_hash == hashes)
+        known = registered & (self.held >= 0) & (self.held_hash == hashes)
         cached = registered & (ref == 0)
-        candidates = cached & known & (self.held_parent >= 0)
-        orphan = ~np.isin(self.held_parent[candidates], self.held_key[known])
+        parents = self.parent[self.held[cached & known]]
+        parents = parents[parents >= 0]  # a prompt's first block has no parent to lose
+        orphan = ~np.isin(parents, self.keys.keys[self.held[known]])
         return int(orphan.sum()), int(cached.sum())
 
     def sample(self, mgr) -> None:
