@@ -333,3 +333,12 @@ def test_plot_sweep_one_line_per_policy(tmp_path):
     # One policy other than LRU is still named.
     only = plot_sweep([r for r in rows if r.get("eviction") == "sieve"])
     assert [line.get_label() for line in only.axes[0].get_lines()][0] == "eviction sieve"
+
+
+def test_a_factory_that_drops_the_policy_is_caught(tmp_path):
+    def lru_only(num_blocks, block_size, *, eviction="lru", _hindsight=False, **kw):
+        return HintRecorder(default_manager_factory(num_blocks, block_size, **kw), "lru")
+
+    reqs = load_trace(mooncake_file(tmp_path, HAND))
+    with pytest.raises(ValueError, match="built a manager with eviction 'lru', not 'sieve'"):
+        Simulator(reqs, SimConfig(num_blocks=64, block_size=512, eviction="sieve"), lru_only)

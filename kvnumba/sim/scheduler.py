@@ -314,7 +314,7 @@ class Simulator:
     ------
     ValueError
         An invalid config: an unknown eviction policy, or ``oracle`` on a trace without
-        ``hash_ids``.
+        ``hash_ids``; or a manager whose ``eviction`` is not the config's.
     """
 
     def __init__(
@@ -356,6 +356,11 @@ class Simulator:
             prefix_caching=cfg.prefix_caching,
             **policy,
         )
+        built = getattr(self.manager, "eviction", cfg.eviction)
+        if built != cfg.eviction:  # a factory that dropped the policy would mislabel the run
+            raise ValueError(
+                f"the manager factory built a manager with eviction {built!r}, not {cfg.eviction!r}"
+            )
         self.progress = progress
         self._hints = Hints(self.keys) if hindsight else None
         countable = self.keys is not None and block_census(self.manager) is not None
