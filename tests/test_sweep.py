@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -14,10 +15,19 @@ import distributed  # the `sweep` extra, part of `test`: CI must fail, not skip,
 import pytest
 
 from kvnumba.cli import main as kvnumba_main
+from kvnumba.eviction import SIMULATOR_POLICIES
 from kvnumba.sim import cli as sim_cli
-from kvnumba.sim import sweep, sweeps
+from kvnumba.sim import sweep, sweep_cli, sweeps
+from kvnumba.sim.scheduler import DEFAULT_MAX_SEQ_LEN
 from kvnumba.sim.sweep_cli import main as sweep_main
-from kvnumba.sim.sweeps import CONFIG_COLUMNS, TIMING_COLUMNS, GridError, ResultStore, make_grid
+from kvnumba.sim.sweeps import (
+    CONFIG_COLUMNS,
+    TIMING_COLUMNS,
+    GridError,
+    ResultStore,
+    SweepPoint,
+    make_grid,
+)
 
 # Small slices of the embedded traces: each simulation takes well under a second.
 GRID = {
@@ -55,6 +65,7 @@ def simulate_json(capsys, point) -> dict:
     argv += ["--step-ms", repr(point.step_ms), "--max-seq-len", str(point.max_seq_len)]
     argv += ["--limit", str(point.limit)] if point.limit else []
     argv += [] if point.prefix_caching else ["--no-prefix-caching"]
+    argv += ["--eviction", point.eviction]
     assert sim_cli.main(argv) == 0
     return json.loads(capsys.readouterr().out)
 
@@ -347,3 +358,152 @@ def test_grid_accepts_numpy_values_and_drops_duplicates():
     assert json.loads(points[0].key)["step_ms"] == 30.0
     # The default pool (None) and its explicit size are one simulation.
     assert len(make_grid("azure", blocks=[None, 2**19 // 16])) == 1
+
+
+# --- the resume key covers every dimension ------------------------------------------------
+
+#: A small point, and for every field of SweepPoint another value.
+BASE = SweepPoint(
+    trace="mooncake",
+    limit=12,
+    blocks=3000,
+    block_size=16,
+    prefix_caching=True,
+    eviction="lru",
+    max_batch=8,
+    step_ms=30.0,
+    max_seq_len=DEFAULT_MAX_SEQ_LEN,
+    max_prefill_tokens=None,
+)
+OTHER = {
+    "trace": "azure",
+    "limit": 13,
+    "blocks": 3100,
+    "block_size": 32,
+    "prefix_caching": False,
+    "eviction": "sieve",
+    "max_batch": 9,
+    "step_ms": 40.0,
+    "max_seq_len": 100_000,
+    "max_prefill_tokens": 50_000,
+}
+#: The sweep() argument of each field, where it is not spelled as the field.
+ARGUMENT = {"trace": "traces", "block_size": "block_sizes"}
+#: Fields that take a list of values in one grid.
+LISTS = ("trace", "blocks", "block_size", "prefix_caching", "eviction", "max_batch", "step_ms")
+
+
+def grid_of(point: SweepPoint, **values) -> dict:
+    """sweep() arguments whose grid is ``point`` (a field given in ``values`` takes those)."""
+    out = {}
+    for f in dataclasses.fields(SweepPoint):
+        value = values.get(f.name, getattr(point, f.name))
+        out[ARGUMENT.get(f.name, f.name)] = value
+    return out
+
+
+def test_every_field_has_another_value():
+    # A new field (grid dimension) must be given one here, so that the test below covers it.
+    assert set(OTHER) == {f.name for f in dataclasses.fields(SweepPoint)}
+    assert set(CONFIG_COLUMNS) == set(OTHER)
+
+
+@pytest.mark.parametrize("name", list(OTHER))
+def test_points_that_differ_in_one_field_each_run_and_keep_their_row(client, tmp_path, name):
+    variant = dataclasses.replace(BASE, **{name: OTHER[name]})
+    assert BASE.key != variant.key
+    (point,) = make_grid(**grid_of(variant))
+    assert point == variant  # grid_of builds exactly that point
+    # One sweep, then a resumed one with the other value: nothing of the first is reused.
+    first = sweep(**grid_of(BASE), out=tmp_path, scheduler=client)
+    second = sweep(**grid_of(variant), out=tmp_path, scheduler=client)
+    assert (first.ran, second.ran, second.skipped) == (1, 1, 0)
+    assert not first.failed and not second.failed
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and len({r["key"] for r in rows}) == 2
+    assert sorted(str(r[name]) for r in rows) == sorted(
+        str(getattr(p, name)) for p in (BASE, variant)
+    )
+    # Both values in one grid: two points, two simulations, two rows.
+    if name in LISTS:
+        both = grid_of(BASE, **{name: [getattr(BASE, name), OTHER[name]]})
+        assert len(make_grid(**both)) == 2
+        result = sweep(**both, scheduler=client)
+        assert result.ran == 2 and len(result.rows) == 2 and not result.failed
+
+
+# --- eviction policies --------------------------------------------------------------------
+
+
+def test_grid_of_policies():
+    points = make_grid("mooncake", blocks=[100, 200], eviction=["lru", "oracle"], limit=5)
+    assert [(p.eviction, p.blocks) for p in points] == [
+        ("lru", 100),
+        ("lru", 200),
+        ("oracle", 100),
+        ("oracle", 200),
+    ]
+    assert points[2].sim_config().eviction == "oracle"
+    assert CONFIG_COLUMNS.index("eviction") < CONFIG_COLUMNS.index("max_batch")
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        ({"eviction": ["lru", "fifo"]}, "eviction must be one of lru, lfu, sieve"),
+        ({"eviction": [3]}, "eviction must be one of"),
+        ({"eviction": "oracle"}, "eviction oracle needs a trace with hash_ids"),
+    ],
+)
+def test_bad_policy_grid_rejected_before_any_task(monkeypatch, tmp_path, grid, message):
+    monkeypatch.setattr(sweeps, "_dask_client", None)  # calling it would fail the test
+    with pytest.raises(GridError, match=message):
+        sweep(traces=["azure"], limit=5, **grid, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_policy_option_and_grid_file(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(sweeps, "_dask_client", None)
+    argv = ["--trace", "azure", "--eviction", "lru,fifo", "--out", str(tmp_path / "o")]
+    assert sweep_main(argv) == 2
+    assert "--eviction: 'fifo' is not one of lru, lfu, sieve, leaf-lru, oracle" in (
+        capsys.readouterr().err
+    )
+    grid = tmp_path / "grid.toml"
+    grid.write_text('traces = ["azure"]\neviction = ["lru", "oracle"]\n')
+    assert sweep_main(["--config", str(grid), "--out", str(tmp_path / "o")]) == 2
+    assert "needs a trace with hash_ids" in capsys.readouterr().err
+    args = sweep_cli.build_parser().parse_args(["--config", str(grid), "--eviction", "sieve"])
+    assert sweep_cli.grid_arguments(args)["eviction"] == ["sieve"]  # the command line wins
+    assert sweep_main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--eviction" in text and all(name in text for name in SIMULATOR_POLICIES)
+
+
+def test_cli_prints_the_policy_table(client, tmp_path, capsys):
+    argv = ["--trace", "mooncake", "--limit", "40", "--blocks", "2000,3000"]
+    argv += ["--eviction", "lru,oracle", "--scheduler", client.scheduler.address]
+    assert sweep_main([*argv, "--out", str(tmp_path), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "hit rate of first admissions per eviction policy" in out
+    (head,) = [
+        line for line in out.splitlines() if line.split()[:3] == ["trace", "blocks", "ideal"]
+    ]
+    assert head.split()[3:] == ["lru", "oracle"]
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["eviction"], r["blocks"]) for r in rows) == [
+        ("lru", 2000),
+        ("lru", 3000),
+        ("oracle", 2000),
+        ("oracle", 3000),
+    ]
+    assert all(r["unreachable_cached_final"] is not None for r in rows)
+    # One policy: no policy table.
+    assert (
+        sweep_main(
+            ["--trace", "azure", "--limit", "5", "--out", str(tmp_path / "one")]
+            + ["--scheduler", client.scheduler.address, "--no-plot"]
+        )
+        == 0
+    )
+    assert "per eviction policy" not in capsys.readouterr().out

@@ -4,6 +4,8 @@
   :class:`Request` records;
 * :mod:`kvnumba.sim.scheduler` replays them with continuous batching and preemption;
 * :mod:`kvnumba.sim.ideal` computes a trace's ideal prefix hit rate (an unbounded pool);
+* :mod:`kvnumba.sim.hindsight` gives the ``oracle`` eviction policy each block's next use;
+* :mod:`kvnumba.sim.unreachable` counts the cached blocks no prompt can hit any more;
 * :mod:`kvnumba.sim.report` builds the reported fields, the hint and the plots;
 * :mod:`kvnumba.sim.sweeps` runs grids of simulations on Dask (:func:`sweep`);
 * :mod:`kvnumba.sim.cli` and :mod:`kvnumba.sim.sweep_cli` are ``kvnumba simulate`` and

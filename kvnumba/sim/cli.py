@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
 from kvnumba.sim._progress import progress_bar
 from kvnumba.sim.report import eviction_hint, result_fields, save_timeline, timeline_title
 from kvnumba.sim.scheduler import (
@@ -118,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument(
+        "--eviction",
+        choices=SIMULATOR_POLICIES,
+        default="lru",
+        help="eviction policy: %(choices)s; 'oracle' uses the future of the trace (needs "
+        "hash_ids) as a reference point; see docs/eviction.md (default: lru)",
+    )
+    p.add_argument(
         "--limit",
         type=_positive,
         default=None,
@@ -168,6 +176,16 @@ def format_report(summary: dict, header: list[tuple[str, str]]) -> str:
     """
     s = summary
     ideal = s["ideal_prefix_hit_rate"]
+    unreachable = s.get("unreachable_cached_final")
+    if unreachable is None:
+        unreachable_text = "n/a (the trace has no hash_ids, or the manager's blocks are unread)"
+    else:
+        fractions = [s["unreachable_fraction_mean"], s["unreachable_fraction_final"]]
+        unreachable_text = (
+            f"{s['unreachable_cached_mean']:,.1f} / {unreachable:,} ("
+            + " / ".join("n/a" if f is None else f"{f:.1%}" for f in fractions)
+            + " of cached blocks)"
+        )
     rows = header + [
         ("requests served", f"{s['served']:,} of {s['requests']:,}"),
         ("rejected (longer than max_seq_len or pool)", f"{s['rejected']:,}"),
@@ -191,6 +209,7 @@ def format_report(summary: dict, header: list[tuple[str, str]]) -> str:
             "blocks cached, peak / mean",
             f"{s['peak_blocks_cached']:,} / {s['mean_blocks_cached']:,.0f}",
         ),
+        ("unreachable cached blocks, mean / final", unreachable_text),
         ("evictions", f"{s['evictions']:,}"),
         ("preemptions", f"{s['preemptions']:,}"),
         ("COW copies", f"{s['cow_copies']:,}"),
@@ -271,6 +290,13 @@ def _main(argv: list[str], t_start: float) -> int:
     if not requests:
         print(f"kvnumba simulate: {trace_path}: no requests", file=sys.stderr)
         return 2
+    if args.eviction in HINDSIGHT_POLICIES and any(r.hash_ids is None for r in requests):
+        print(
+            f"kvnumba simulate: --eviction {args.eviction} needs a trace with hash_ids "
+            f"(Mooncake .jsonl) to know when each block is used again; {trace_path} has none",
+            file=sys.stderr,
+        )
+        return 2
 
     config = SimConfig(
         num_blocks=args.blocks,
@@ -280,6 +306,7 @@ def _main(argv: list[str], t_start: float) -> int:
         prefix_caching=not args.no_prefix_caching,
         step_ms=args.step_ms,
         max_prefill_tokens=args.max_prefill_tokens,
+        eviction=args.eviction,
     )
     if not args.reference:
         from kvnumba.kernels import prepare
@@ -294,7 +321,7 @@ def _main(argv: list[str], t_start: float) -> int:
             return 2
         result = sim.run()
 
-    summary = result_fields(result, requests, config)
+    summary = result_fields(result, requests, config, sim.keys)
     setup = {
         "trace": str(trace_path),
         "limit": args.limit,
@@ -305,6 +332,7 @@ def _main(argv: list[str], t_start: float) -> int:
         "step_ms": config.step_ms,
         "prefix_caching": config.prefix_caching,
         "max_prefill_tokens": config.max_prefill_tokens,
+        "eviction": config.eviction,
         "manager": "reference" if args.reference else "BlockManager",
     }
     if args.plot is not None:
@@ -341,6 +369,7 @@ def _main(argv: list[str], t_start: float) -> int:
             f"{config.max_batch}, step {config.step_ms:g} ms, prefix caching "
             + ("on" if config.prefix_caching else "off"),
         ),
+        ("eviction policy", config.eviction),
     ]
     print(format_report(summary, header))
     hint = eviction_hint(summary, config.prefix_caching)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
 from kvnumba.sim.ideal import BlockKeys, block_keys, ideal_prefix_hits
 from kvnumba.sim.scheduler import SimConfig, SimResult
 from kvnumba.sim.traces import Request
@@ -179,22 +180,30 @@ def save_timeline(
 
 
 def timeline_title(trace_name: str, config: SimConfig) -> str:
-    """The title of :func:`save_timeline` for a run: trace, pool and block size with units."""
+    """The title of :func:`save_timeline` for a run: trace, pool, block size, policy."""
     return (
         f"{trace_name}: {config.blocks:,} blocks, block size {config.block_size} tokens, "
-        f"prefix caching {'on' if config.prefix_caching else 'off'}"
+        f"prefix caching {'on' if config.prefix_caching else 'off'}, eviction {config.eviction}"
     )
 
 
 #: Grid dimensions other than the pool size; a plot draws one line per combination.
-SERIES_COLUMNS = ("block_size", "prefix_caching", "max_batch", "step_ms", "limit")
+SERIES_COLUMNS = ("eviction", "block_size", "prefix_caching", "max_batch", "step_ms", "limit")
 _SERIES_LABELS = {
+    "eviction": lambda v: f"eviction {v}",
     "block_size": lambda v: f"block size {v} tokens",
     "prefix_caching": lambda v: f"prefix caching {'on' if v else 'off'}",
     "max_batch": lambda v: f"max batch {v}",
     "step_ms": lambda v: f"step {v:g} ms",
     "limit": lambda v: "all requests" if v is None else f"first {v:,} requests",
 }
+
+
+def _column(row: dict, name: str):
+    """A row's value of a grid column; ``lru`` for the policy of a row that predates policies."""
+    if name == "eviction":
+        return row.get(name) or "lru"
+    return row.get(name)
 
 
 def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
@@ -215,8 +224,11 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
     Notes
     -----
     The hit rate is that of first admissions; the trace's ideal hit rate (unbounded pool, same
-    block size) is the dashed horizontal line it cannot exceed. One line per combination of the
-    other grid dimensions, labelled by the dimensions that vary.
+    block size) is the black horizontal line it cannot exceed. One line per combination of the
+    other grid dimensions (one per eviction policy, say), labelled by the dimensions that vary;
+    the ``oracle`` policy, a reference point computed from the future rather than a policy a
+    manager can run, is drawn dashed with square markers. Rows without an ``eviction`` column
+    (sweeps made before policies existed) count as ``lru``.
     """
     from matplotlib.figure import Figure
 
@@ -228,10 +240,16 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
     colors = [f"C{i}" for i in range(10)]
     for ax_row, trace in zip(axes, traces, strict=True):
         mine = [r for r in rows if r["trace"] == trace]
-        varying = [c for c in SERIES_COLUMNS if len({r.get(c) for r in mine}) > 1]
+        varying = [
+            c
+            for c in SERIES_COLUMNS
+            # A sweep of one policy other than LRU still says which one it ran.
+            if len(values := {_column(r, c) for r in mine}) > 1
+            or (c == "eviction" and values != {"lru"})
+        ]
         series: dict[tuple, list[dict]] = {}
         for r in mine:
-            series.setdefault(tuple(r.get(c) for c in varying), []).append(r)
+            series.setdefault(tuple(_column(r, c) for c in varying), []).append(r)
         hit, pre, peak = ax_row
         rejected_marked = False
         for i, (values, group) in enumerate(series.items()):
@@ -239,6 +257,8 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
             x = [r["blocks"] for r in group]
             label = ", ".join(_SERIES_LABELS[c](v) for c, v in zip(varying, values, strict=True))
             style = {"color": colors[i % 10], "marker": "o", "label": label or "simulated"}
+            if _column(group[0], "eviction") in HINDSIGHT_POLICIES:
+                style.update(ls="--", marker="s", mfc="none")
             hit.plot(x, [100 * r["prefix_hit_rate"] for r in group], **style)
             pre.plot(x, [r["preemptions"] for r in group], **style)
             peak.plot(x, [r["peak_blocks_used"] for r in group], **style)
@@ -311,3 +331,114 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
         return fig
     fig.savefig(path, bbox_inches="tight")
     return None
+
+
+def policy_table(rows: Sequence[dict]) -> list[dict]:
+    """Each eviction policy's hit rate per pool size, and how much of LRU's gap it closes.
+
+    Parameters
+    ----------
+    rows : sequence of dict
+        Sweep rows (:func:`kvnumba.sim.sweep`, or ``results.jsonl`` read back). Rows that
+        differ only in ``eviction`` are compared; a row without ``eviction`` counts as ``lru``.
+
+    Returns
+    -------
+    list of dict
+        One entry per combination of the other grid columns (so one per pool size for a
+        sweep over pool sizes and policies), ordered by trace as first seen, then by those
+        columns (pool size last). Each holds those columns, ``ideal_prefix_hit_rate`` (the
+        unbounded pool; ``None`` without ``hash_ids``), ``hit_rate`` (policy to first-admission
+        hit rate, policies in the order of
+        :data:`kvnumba.eviction.SIMULATOR_POLICIES`) and ``gap_closed`` (policy to
+        ``(rate - lru) / (ideal - lru)``: 0 is LRU, 1 the unbounded ideal, negative worse than
+        LRU; ``None`` without an LRU row or an ideal, or when LRU already reaches the ideal).
+    """
+    from kvnumba.sim.sweeps import CONFIG_COLUMNS
+
+    group_columns = [c for c in CONFIG_COLUMNS if c != "eviction"]
+    traces = list(dict.fromkeys(r.get("trace") for r in rows))
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        key = tuple(r.get(c) for c in group_columns)
+        entry = groups.setdefault(
+            key,
+            {
+                **dict(zip(group_columns, key, strict=True)),
+                "ideal_prefix_hit_rate": None,
+                "hit_rate": {},
+            },
+        )
+        if r.get("ideal_prefix_hit_rate") is not None:
+            entry["ideal_prefix_hit_rate"] = r["ideal_prefix_hit_rate"]
+        entry["hit_rate"][_column(r, "eviction")] = r["prefix_hit_rate"]
+
+    def order(policy: str) -> tuple:
+        known = policy in SIMULATOR_POLICIES
+        return (0, SIMULATOR_POLICIES.index(policy)) if known else (1, policy)
+
+    def sort_key(item: tuple) -> tuple:
+        # Trace in the order seen, the other columns ascending (None, no limit, first), the
+        # pool size last.
+        _, entry = item
+        rest = [c for c in group_columns if c not in ("trace", "blocks")] + ["blocks"]
+        values = (entry[c] for c in rest)
+        return (traces.index(entry["trace"]), *((v is not None, v) for v in values))
+
+    table = []
+    for _, entry in sorted(groups.items(), key=sort_key):
+        rates = {p: entry["hit_rate"][p] for p in sorted(entry["hit_rate"], key=order)}
+        entry["hit_rate"] = rates
+        ideal, lru = entry["ideal_prefix_hit_rate"], rates.get("lru")
+        gap = None if ideal is None or lru is None else ideal - lru
+        closable = gap is not None and gap > 0
+        entry["gap_closed"] = {p: (r - lru) / gap if closable else None for p, r in rates.items()}
+        table.append(entry)
+    return table
+
+
+def format_policy_table(table: Sequence[dict]) -> str:
+    """Text table of :func:`policy_table`: one line per pool size, one column per policy.
+
+    Parameters
+    ----------
+    table : sequence of dict
+        :func:`policy_table` of some rows.
+
+    Returns
+    -------
+    str
+        The trace, the grid columns that vary, the pool size and the ideal hit rate, then per
+        policy its hit rate and, beside each policy but LRU, the share of LRU's gap to the
+        ideal that it closes.
+    """
+    policies = list(dict.fromkeys(p for entry in table for p in entry["hit_rate"]))
+    policies.sort(key=lambda p: SIMULATOR_POLICIES.index(p) if p in SIMULATOR_POLICIES else 99)
+    shown = ("block_size", "prefix_caching", "max_batch", "step_ms", "limit")
+    varying = [c for c in shown if len({entry.get(c) for entry in table}) > 1]
+    head = ["trace", *varying, "blocks", "ideal", *policies]
+    lines = [head]
+    for entry in table:
+        cells = [Path(str(entry["trace"])).name]
+        cells += [str(entry.get(c)) for c in varying]
+        cells.append(f"{entry['blocks']:,}")
+        ideal = entry["ideal_prefix_hit_rate"]
+        cells.append("n/a" if ideal is None else f"{ideal:.1%}")
+        for p in policies:
+            rate = entry["hit_rate"].get(p)
+            closed = entry["gap_closed"].get(p)
+            if rate is None:
+                cells.append("-")
+            elif p == "lru" or closed is None:
+                cells.append(f"{rate:.1%}")
+            else:
+                cells.append(f"{rate:.1%} ({closed:+.0%} of gap)")
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in lines
+    )

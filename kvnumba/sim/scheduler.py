@@ -19,6 +19,13 @@ Idle stretches (nothing running, nothing waiting) are skipped, not simulated. On
 that an engine would make on its critical path (``admit``, ``append``, ``release``) are timed;
 ``stats()``, used here for bookkeeping, is not.
 
+The eviction policy (``SimConfig.eviction``) is any of
+:data:`kvnumba.eviction.SIMULATOR_POLICIES`. For ``oracle`` the simulator tells the manager,
+after each admission, when each full prompt block's content is next used in the trace
+(:mod:`kvnumba.sim.hindsight`). For every policy, on a trace with ``hash_ids`` and a manager
+whose blocks it can read, it counts about every 1% of the requests the cached blocks that no
+prompt can hit any more (:mod:`kvnumba.sim.unreachable`). Neither is timed.
+
 Prompt tokens are counted apart for first admissions and for recomputes (a preempted request
 re-admitted with its prompt plus what it had generated): a recompute mostly hits the blocks it
 released a moment before, which says nothing about prefix sharing between requests, so a hit
@@ -36,7 +43,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvnumba.eviction import HINDSIGHT_POLICIES, policy_code
+from kvnumba.sim.hindsight import Hints
+from kvnumba.sim.ideal import BlockKeys, block_keys
 from kvnumba.sim.traces import Request, output_tokens
+from kvnumba.sim.unreachable import SAMPLE_EVERY, Census, block_census
 
 #: Default pool geometry: 512Ki token slots, so the longest Mooncake request (191,386 tokens
 #: with its output) fits with room for the cache; and 192Ki tokens per sequence.
@@ -45,15 +56,44 @@ DEFAULT_MAX_SEQ_LEN = 196_608
 DEFAULT_STEP_MS = 30.0
 
 
+def policy_arguments(eviction: str) -> dict:
+    """The manager keyword arguments that select eviction policy ``eviction``.
+
+    Parameters
+    ----------
+    eviction : str
+        A name of :data:`kvnumba.eviction.SIMULATOR_POLICIES`.
+
+    Returns
+    -------
+    dict
+        Empty for ``lru``, every manager's default (so a run under LRU builds exactly the
+        manager it always did); ``{"eviction": eviction}`` otherwise, with ``_hindsight=True``
+        for a policy that needs the future of the trace (``oracle``).
+    """
+    if eviction == "lru":
+        return {}
+    if eviction in HINDSIGHT_POLICIES:
+        return {"eviction": eviction, "_hindsight": True}
+    return {"eviction": eviction}
+
+
 def default_manager_factory(num_blocks: int, block_size: int, **kwargs):
-    """Build a :class:`kvnumba.BlockManager` (imported lazily: it loads numba)."""
+    """Build a :class:`kvnumba.BlockManager` (imported lazily: it loads numba).
+
+    The keyword arguments go to the manager as they are, the policy's among them
+    (:func:`policy_arguments`: ``eviction``, and ``_hindsight`` for ``oracle``).
+    """
     from kvnumba import BlockManager
 
     return BlockManager(num_blocks, block_size, **kwargs)
 
 
 def reference_manager_factory(num_blocks: int, block_size: int, **kwargs):
-    """Build the pure-Python :class:`kvnumba.reference.ReferenceBlockManager` (slow)."""
+    """Build the pure-Python :class:`kvnumba.reference.ReferenceBlockManager` (slow).
+
+    Takes the arguments of :func:`default_manager_factory`.
+    """
     from kvnumba.reference import ReferenceBlockManager
 
     return ReferenceBlockManager(num_blocks, block_size, **kwargs)
@@ -80,6 +120,9 @@ class SimConfig:
     max_prefill_tokens : int or None
         Cap on the prompt tokens offered to one ``admit`` call (the first queued prompt is
         always offered); ``None`` for no cap.
+    eviction : str
+        The eviction policy, a name of :data:`kvnumba.eviction.SIMULATOR_POLICIES`;
+        ``oracle`` needs a trace with ``hash_ids``.
     """
 
     num_blocks: int | None = None
@@ -89,6 +132,7 @@ class SimConfig:
     prefix_caching: bool = True
     step_ms: float = DEFAULT_STEP_MS
     max_prefill_tokens: int | None = None
+    eviction: str = "lru"
 
     @property
     def blocks(self) -> int:
@@ -125,6 +169,12 @@ class SimResult:
     alloc_ns: np.ndarray = field(repr=False)
     replay_s: float = 0.0
     step_ms: float = DEFAULT_STEP_MS
+    eviction: str = "lru"
+    # Unreachable cached blocks and all cached blocks at each census sample (the last one
+    # after the run); None when not counted (a trace without hash_ids, or a manager whose
+    # blocks cannot be read).
+    unreachable: np.ndarray | None = field(default=None, repr=False)
+    unreachable_cached: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def time_s(self) -> np.ndarray:
@@ -163,13 +213,44 @@ class SimResult:
         """Admitted tokens served from the prefix cache, recomputes included (the old figure)."""
         return self.cached_tokens / self.admitted_tokens if self.admitted_tokens else 0.0
 
+    def unreachable_fields(self) -> dict:
+        """The census of unreachable cached blocks (see :mod:`kvnumba.sim.unreachable`).
+
+        Returns
+        -------
+        dict
+            ``unreachable_cached_mean`` and ``unreachable_cached_final``: unreachable cached
+            blocks, mean over the samples and after the run; ``unreachable_fraction_mean``
+            (their share of the cached blocks over all samples) and
+            ``unreachable_fraction_final``. All ``None`` when nothing was counted; a fraction
+            is also ``None`` when no block was cached.
+        """
+        u, c = self.unreachable, self.unreachable_cached
+        if u is None or c is None or not u.size:
+            return dict.fromkeys(
+                (
+                    "unreachable_cached_mean",
+                    "unreachable_cached_final",
+                    "unreachable_fraction_mean",
+                    "unreachable_fraction_final",
+                )
+            )
+        total = int(c.sum())
+        return {
+            "unreachable_cached_mean": round(float(u.mean()), 1),
+            "unreachable_cached_final": int(u[-1]),
+            "unreachable_fraction_mean": round(int(u.sum()) / total, 4) if total else None,
+            "unreachable_fraction_final": round(int(u[-1]) / int(c[-1]), 4) if c[-1] else None,
+        }
+
     def summary(self) -> dict:
         """The headline numbers as a flat, JSON-ready dict.
 
-        ``prefix_hit_rate`` counts first admissions only; ``recompute_tokens`` and
-        ``recompute_cached_tokens`` are the re-admissions of preempted requests, and
-        ``prefix_hit_rate_incl_recompute`` is the hit rate over both. ``replay_s`` is the
-        replay loop's wall time only.
+        ``eviction`` names the policy. ``prefix_hit_rate`` counts first admissions only;
+        ``recompute_tokens`` and ``recompute_cached_tokens`` are the re-admissions of preempted
+        requests, and ``prefix_hit_rate_incl_recompute`` is the hit rate over both. The
+        ``unreachable_*`` fields are :meth:`unreachable_fields`. ``replay_s`` is the replay
+        loop's wall time only.
         """
         us = self.alloc_ns / 1000.0 if self.alloc_ns.size else np.zeros(1)
 
@@ -177,6 +258,7 @@ class SimResult:
             return float(f(a)) if a.size else 0.0
 
         return {
+            "eviction": self.eviction,
             "requests": self.requests,
             "served": self.served,
             "rejected": int(self.rejected.sum()),
@@ -191,6 +273,7 @@ class SimResult:
             "mean_blocks_used": round(stat(self.used, np.mean), 1),
             "peak_blocks_cached": int(stat(self.cached, np.max)),
             "mean_blocks_cached": round(stat(self.cached, np.mean), 1),
+            **self.unreachable_fields(),
             "evictions": self.evictions,
             "preemptions": self.preemptions,
             "cow_copies": self.cow_copies,
@@ -211,13 +294,27 @@ class Simulator:
     manager_factory : callable, optional
         ``factory(num_blocks, block_size, *, max_seqs, max_seq_len, prefix_caching)`` returning
         an object with the batched BlockManager API; default :class:`kvnumba.BlockManager`.
+        For a policy other than ``lru`` it is also given the :func:`policy_arguments`
+        (``eviction=NAME``, and ``_hindsight=True`` for ``oracle``, whose manager must also
+        offer ``set_next_use``).
     progress : callable, optional
         Called with the number of requests newly finished (served or rejected).
+    keys : BlockKeys, optional
+        :func:`kvnumba.sim.ideal.block_keys` of ``requests`` at the config's block size, when
+        the caller already has them; computed here otherwise.
 
     Attributes
     ----------
     manager
         The manager the run used (inspect it after :meth:`run`).
+    keys : BlockKeys or None
+        The trace's block keys (``None`` for a trace without ``hash_ids``).
+
+    Raises
+    ------
+    ValueError
+        An invalid config: an unknown eviction policy, or ``oracle`` on a trace without
+        ``hash_ids``; or a manager whose ``eviction`` is not the config's.
     """
 
     def __init__(
@@ -226,6 +323,7 @@ class Simulator:
         config: SimConfig | None = None,
         manager_factory: Callable | None = None,
         progress: Callable[[int], object] | None = None,
+        keys: BlockKeys | None = None,
     ):
         self.requests = list(requests)
         if any(r.index != i for i, r in enumerate(self.requests)):
@@ -239,16 +337,34 @@ class Simulator:
             or not (math.isfinite(cfg.step_ms) and cfg.step_ms > 0)
         ):
             raise ValueError(f"invalid simulation config {cfg}")
+        policy_code(cfg.eviction, hindsight=True)  # ValueError naming the known policies
+        self.keys = keys if keys is not None else block_keys(self.requests, cfg.block_size)
+        hindsight = cfg.eviction in HINDSIGHT_POLICIES
+        if hindsight and self.keys is None:
+            raise ValueError(
+                f"eviction {cfg.eviction!r} needs to know when each block is used again: a "
+                "trace with hash_ids (Mooncake format); this trace has none"
+            )
         factory = manager_factory or default_manager_factory
-        _warm_up(factory, cfg.block_size)
+        policy = policy_arguments(cfg.eviction)
+        _warm_up(factory, cfg.block_size, policy)
         self.manager = factory(
             cfg.blocks,
             cfg.block_size,
             max_seqs=cfg.max_batch,
             max_seq_len=cfg.max_seq_len,
             prefix_caching=cfg.prefix_caching,
+            **policy,
         )
+        built = getattr(self.manager, "eviction", cfg.eviction)
+        if built != cfg.eviction:  # a factory that dropped the policy would mislabel the run
+            raise ValueError(
+                f"the manager factory built a manager with eviction {built!r}, not {cfg.eviction!r}"
+            )
         self.progress = progress
+        self._hints = Hints(self.keys) if hindsight else None
+        countable = self.keys is not None and block_census(self.manager) is not None
+        self._census = Census(self.keys, cfg.blocks) if countable else None
 
     def run(self) -> SimResult:
         """Replay the whole trace until every request is served or rejected.
@@ -295,6 +411,9 @@ class Simulator:
         gate: tuple | None = None  # (window, available) of the last admit that left prompts out
         p, step = 0, 0
         ones = np.ones(cfg.max_batch, np.int64)
+        hints, census = self._hints, self._census
+        sample_every = max(1, math.ceil(n * SAMPLE_EVERY))
+        next_sample = sample_every
 
         def timed(fn, *args, **kwargs):
             nonlocal step_ns
@@ -400,7 +519,14 @@ class Simulator:
                     queue.extendleft(reversed(win[~ok].tolist()))  # failed ones keep their place
                     for i in adm.tolist():
                         del token_cache[i]
-                    r_id = np.concatenate([r_id, np.asarray(res.ids, np.int64)[ok]])
+                    new_ids = np.asarray(res.ids, np.int64)[ok]
+                    if adm.size and (hints is not None or census is not None):
+                        tables = mgr.block_tables(new_ids)
+                        if hints is not None:
+                            hints.after_admit(mgr, adm, tables)
+                        if census is not None:
+                            census.after_admit(mgr, adm, tables)
+                    r_id = np.concatenate([r_id, new_ids])
                     r_req = np.concatenate([r_req, adm])
                     r_len = np.concatenate([r_len, lengths[ok]])
                     r_left = np.concatenate([r_left, output[adm] - generated[adm]])
@@ -411,6 +537,9 @@ class Simulator:
                         "idle pool"
                     )
 
+            if census is not None and len(admit_order) >= next_sample:
+                census.sample(mgr)
+                next_sample = (len(admit_order) // sample_every + 1) * sample_every
             st = mgr.stats()
             steps.append(step)
             used.append(st.used)
@@ -423,6 +552,8 @@ class Simulator:
             step += 1
 
         final = mgr.stats()
+        if census is not None:
+            census.sample(mgr)
         return SimResult(
             requests=n,
             served_count=served,
@@ -443,6 +574,9 @@ class Simulator:
             alloc_ns=np.asarray(alloc, np.int64),
             replay_s=time.perf_counter() - t_start,
             step_ms=cfg.step_ms,
+            eviction=cfg.eviction,
+            unreachable=None if census is None else np.asarray(census.unreachable, np.int64),
+            unreachable_cached=None if census is None else np.asarray(census.cached, np.int64),
         )
 
     def _window(self, queue: deque, slots: int, prompt: np.ndarray, generated: np.ndarray) -> list:
@@ -455,14 +589,22 @@ class Simulator:
         return head[: max(1, int(np.searchsorted(sizes, budget, side="right")))]
 
 
-def _warm_up(factory: Callable, block_size: int) -> None:
-    """Run each timed call once on a throwaway manager.
+def _warm_up(factory: Callable, block_size: int, policy: dict) -> None:
+    """Run each timed call once on a throwaway manager with the run's eviction policy.
 
     With a cold numba cache the first call of each kernel compiles it (seconds); that must not
     be billed to the first simulated steps' allocator time.
     """
-    mgr = factory(4, block_size, max_seqs=2, max_seq_len=4 * block_size, prefix_caching=True)
-    res = mgr.admit(np.zeros(2, np.int64), np.ones(2, np.int64), atomic=False)
+    mgr = factory(
+        4, block_size, max_seqs=2, max_seq_len=4 * block_size, prefix_caching=True, **policy
+    )
+    # One full block and one partial one: a full prompt block is what hints are given for.
+    lengths = np.array([block_size, 1], np.int64)
+    res = mgr.admit(np.zeros(block_size + 1, np.int64), lengths, atomic=False)
+    if policy.get("_hindsight"):
+        mgr.set_next_use(
+            mgr.block_tables(res.ids[:1])[0, :1].astype(np.int64), np.ones(1, np.int64)
+        )
     mgr.append(res.ids, np.ones(2, np.int64), np.zeros(2, np.int64), atomic=False)
     mgr.release(res.ids)
     mgr.stats()
@@ -473,6 +615,7 @@ def simulate(
     config: SimConfig | None = None,
     manager_factory: Callable | None = None,
     progress: Callable[[int], object] | None = None,
+    keys: BlockKeys | None = None,
 ) -> SimResult:
     """Build a :class:`Simulator` and run it; see there for the parameters."""
-    return Simulator(requests, config, manager_factory, progress).run()
+    return Simulator(requests, config, manager_factory, progress, keys).run()

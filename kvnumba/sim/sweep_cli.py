@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvnumba.eviction import SIMULATOR_POLICIES
 from kvnumba.sim.cli import interrupted
 from kvnumba.sim.scheduler import DEFAULT_MAX_SEQ_LEN, DEFAULT_STEP_MS
 
@@ -20,14 +21,21 @@ EXIT_INTERRUPTED = 130
 
 EPILOG = """\
 Each list option takes comma-separated values and may be repeated; a grid file (--config,
-TOML) sets the same keys (traces, blocks, block_size, prefix_caching, max_batch, step_ms, limit,
-max_seq_len, max_prefill_tokens, out, scheduler, workers), and options given on the command line
-win. Example grid file:
+TOML) sets the same keys (traces, blocks, block_size, prefix_caching, eviction, max_batch,
+step_ms, limit, max_seq_len, max_prefill_tokens, out, scheduler, workers), and options given on
+the command line win. Example grid file:
 
     traces = ["mooncake", "azure"]
     limit = 1000
     blocks = [4096, 16384, 65536]
     prefix_caching = [true, false]
+
+A grid of several eviction policies also prints, per pool size, each policy's hit rate and the
+share of the gap between LRU and the ideal (unbounded pool) hit rate that it closes; 'oracle'
+(the future of the trace, as a reference point) needs traces with hash_ids:
+
+    kvnumba sweep --trace mooncake --limit 2000 --blocks 2048,4096,8192 \
+        --eviction lru,lfu,sieve,leaf-lru,oracle
 
 Without --scheduler the sweep starts a local Dask cluster of one single-threaded worker process
 per core. To use other machines, start a scheduler and workers that see the same files and
@@ -48,6 +56,7 @@ CONFIG_KEYS = {
     "block_size": "block_sizes",
     "block_sizes": "block_sizes",
     "prefix_caching": "prefix_caching",
+    "eviction": "eviction",
     "max_batch": "max_batch",
     "step_ms": "step_ms",
     "limit": "limit",
@@ -71,9 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvnumba sweep",
         description="Replay traces through the block manager for every point of a grid\n"
-        "(traces x pool sizes x block sizes x prefix caching x max batch x step length), one\n"
-        "Dask task per simulation, one table row per simulation; then plot hit rate,\n"
-        "preemptions and peak blocks used against pool size.",
+        "(traces x pool sizes x block sizes x prefix caching x eviction policies x max batch\n"
+        "x step length), one Dask task per simulation, one table row per simulation; then\n"
+        "plot hit rate, preemptions and peak blocks used against pool size.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -83,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("--blocks", "N", "pool sizes in blocks ('default': 2**19 tokens / block size)"),
         ("--block-size", "N", "tokens per block (default 16)"),
         ("--prefix-caching", "on|off", "prefix caching (default on)"),
+        (
+            "--eviction",
+            "NAME",
+            f"eviction policies: {', '.join(SIMULATOR_POLICIES)} (default lru)",
+        ),
         ("--max-batch", "N", "most running sequences at once (default 256)"),
         ("--step-ms", "MS", f"trace milliseconds per decode step (default {DEFAULT_STEP_MS:g})"),
     ]
@@ -126,6 +140,13 @@ def _bool(text, flag: str) -> bool:
     if value is None:
         raise UsageError(f"{flag}: {text!r} is not on/off")
     return value
+
+
+def _policy(text, flag: str) -> str:
+    name = str(text).strip().lower()
+    if name not in SIMULATOR_POLICIES:
+        raise UsageError(f"{flag}: {text!r} is not one of {', '.join(SIMULATOR_POLICIES)}")
+    return name
 
 
 def _split(values: list[str]) -> list[str]:
@@ -209,6 +230,7 @@ def grid_arguments(args: argparse.Namespace) -> dict:
         ("blocks", "blocks", _int),
         ("block_size", "block_sizes", _int),
         ("prefix_caching", "prefix_caching", _bool),
+        ("eviction", "eviction", _policy),
         ("max_batch", "max_batch", _int),
         ("step_ms", "step_ms", _float),
     ]
@@ -236,8 +258,17 @@ def grid_arguments(args: argparse.Namespace) -> dict:
     return kwargs
 
 
+def _unreachable(row: dict) -> str:
+    # Rows of older sweeps and of traces without hash_ids have no census.
+    mean = row.get("unreachable_cached_mean")
+    return "n/a" if mean is None else f"{mean:,.1f}"
+
+
 def format_rows(rows: list[dict]) -> str:
     """A compact table of sweep rows: config, hit rates, preemptions, peak blocks, time.
+
+    ``unreachable`` is the mean count of cached blocks no prompt could hit (see
+    :mod:`kvnumba.sim.unreachable`).
 
     Parameters
     ----------
@@ -248,8 +279,9 @@ def format_rows(rows: list[dict]) -> str:
     -------
     str
     """
-    head = ["trace", "blocks", "bs", "caching", "batch", "step", "hit", "ideal", "preempt"]
-    head += ["rejected", "peak used", "evictions", "replay s"]
+    head = ["trace", "blocks", "bs", "caching", "eviction", "batch", "step", "hit", "ideal"]
+    head += ["preempt"]
+    head += ["rejected", "peak used", "evictions", "unreachable", "replay s"]
     table = [head]
     for r in rows:
         ideal = r["ideal_prefix_hit_rate"]
@@ -259,6 +291,7 @@ def format_rows(rows: list[dict]) -> str:
                 f"{r['blocks']:,}",
                 str(r["block_size"]),
                 "on" if r["prefix_caching"] else "off",
+                r.get("eviction") or "lru",
                 str(r["max_batch"]),
                 f"{r['step_ms']:g}",
                 f"{r['prefix_hit_rate']:.1%}",
@@ -267,6 +300,7 @@ def format_rows(rows: list[dict]) -> str:
                 f"{r['rejected']:,}",
                 f"{r['peak_blocks_used']:,}",
                 f"{r['evictions']:,}",
+                _unreachable(r),
                 f"{r['replay_s']:.1f}",
             ]
         )
@@ -343,6 +377,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if result.rows:
         print(format_rows(result.rows))
+        if len({r.get("eviction") or "lru" for r in result.rows}) > 1:
+            from kvnumba.sim.report import format_policy_table, policy_table
+
+            print("\nhit rate of first admissions per eviction policy (gap closed: the share")
+            print("of the gap between lru and the ideal, unbounded pool, that a policy closes)")
+            print(format_policy_table(policy_table(result.rows)))
     ran = f"ran {result.ran} simulation{'s' if result.ran != 1 else ''}"
     if result.ran:
         ran += f" on {result.workers} worker{'s' if result.workers != 1 else ''}"

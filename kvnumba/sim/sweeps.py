@@ -1,7 +1,7 @@
 """Parameter sweeps of the simulator on Dask: one simulation per task, one table row per task.
 
-A sweep is the grid traces x pool sizes x block sizes x prefix caching x max batch x step
-length (:func:`make_grid`); every point is one :func:`run_point` task on a Dask ``distributed``
+A sweep is the grid traces x pool sizes x block sizes x prefix caching x eviction policies x
+max batch x step length (:func:`make_grid`); every point is one :func:`run_point` task on a Dask ``distributed``
 cluster: by default a :class:`distributed.LocalCluster` with one single-threaded worker process
 per core (a simulation is single-threaded, CPU-bound Python and numba code, so processes, not
 threads, run them in parallel), or any running cluster by its scheduler's address.
@@ -31,11 +31,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
+from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
 from kvnumba.sim._progress import progress_bar
 from kvnumba.sim.ideal import BlockKeys, block_keys
 from kvnumba.sim.report import result_fields
@@ -54,19 +55,6 @@ EMBEDDED_TRACES = {
     "mooncake": "mooncake_synthetic_trace.jsonl",
     "azure": "AzureLLMInferenceTrace_conv.csv",
 }
-
-#: Fields that identify a simulation (the resume key) and lead every row, in this order.
-CONFIG_COLUMNS = (
-    "trace",
-    "limit",
-    "blocks",
-    "block_size",
-    "prefix_caching",
-    "max_batch",
-    "step_ms",
-    "max_seq_len",
-    "max_prefill_tokens",
-)
 
 #: Row fields that measure time and so differ between two runs of the same simulation.
 TIMING_COLUMNS = ("alloc_us_per_step_median", "alloc_us_per_step_mean", "replay_s", "wall_s")
@@ -105,6 +93,8 @@ class SweepPoint:
         Tokens per block.
     prefix_caching : bool
         Prefix caching on or off.
+    eviction : str
+        The eviction policy (a name of :data:`kvnumba.eviction.SIMULATOR_POLICIES`).
     max_batch : int
         Most running sequences at once.
     step_ms : float
@@ -120,6 +110,7 @@ class SweepPoint:
     blocks: int
     block_size: int
     prefix_caching: bool
+    eviction: str
     max_batch: int
     step_ms: float
     max_seq_len: int
@@ -127,8 +118,14 @@ class SweepPoint:
 
     @property
     def key(self) -> str:
-        """The resume key: the config columns as canonical JSON."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        """The resume key: every field, as canonical JSON.
+
+        Built from the dataclass's fields, not from a list kept beside them, so that a field
+        added to the point (a new grid dimension) is part of the key without anyone
+        remembering to add it: two points that differ in any field never share a key.
+        """
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return json.dumps(values, sort_keys=True, separators=(",", ":"))
 
     def sim_config(self) -> SimConfig:
         """The :class:`SimConfig` of this point."""
@@ -140,7 +137,13 @@ class SweepPoint:
             prefix_caching=self.prefix_caching,
             step_ms=self.step_ms,
             max_prefill_tokens=self.max_prefill_tokens,
+            eviction=self.eviction,
         )
+
+
+#: Fields that identify a simulation (the resume key) and lead every row, in this order: the
+#: fields of :class:`SweepPoint`.
+CONFIG_COLUMNS = tuple(f.name for f in fields(SweepPoint))
 
 
 def resolve_trace(trace: str | os.PathLike) -> Path:
@@ -209,6 +212,7 @@ def make_grid(
     blocks: int | Sequence[int | None] | None = None,
     block_sizes: int | Sequence[int] = 16,
     prefix_caching: bool | Sequence[bool] = True,
+    eviction: str | Sequence[str] = "lru",
     max_batch: int | Sequence[int] = 256,
     step_ms: float | Sequence[float] = DEFAULT_STEP_MS,
     limit: int | None = None,
@@ -224,8 +228,9 @@ def make_grid(
     blocks : int or sequence of int, optional
         Pool sizes in blocks; ``None`` (or a ``None`` entry) is the default pool of
         ``kvnumba simulate``, ``2**19`` tokens / block size.
-    block_sizes, prefix_caching, max_batch, step_ms : scalar or sequence
-        The other grid dimensions; a scalar is a one-value dimension.
+    block_sizes, prefix_caching, eviction, max_batch, step_ms : scalar or sequence
+        The other grid dimensions; a scalar is a one-value dimension. ``eviction`` takes names
+        of :data:`kvnumba.eviction.SIMULATOR_POLICIES`.
     limit : int, optional
         Replay only the first ``limit`` requests of each trace.
     max_seq_len : int
@@ -243,7 +248,8 @@ def make_grid(
     GridError
         A ``ValueError``: on an empty dimension, an unknown trace (not embedded, no such
         file, or a format other than ``.jsonl`` / ``.csv``), or a bad value (block size 0,
-        non-finite step, ...). The message names the dimension and the value.
+        non-finite step, unknown eviction policy, ...). The message names the dimension and
+        the value.
     """
     names = _values("traces", traces, lambda v: isinstance(v, (str, os.PathLike)), "names")
     trace_ids = []
@@ -264,6 +270,12 @@ def make_grid(
     caching = _values(
         "prefix_caching", prefix_caching, lambda v: isinstance(v, (bool, np.bool_)), "a bool"
     )
+    policies = _values(
+        "eviction",
+        eviction,
+        lambda v: isinstance(v, str) and v in SIMULATOR_POLICIES,
+        f"one of {', '.join(SIMULATOR_POLICIES)}",
+    )
     batches = _values("max_batch", max_batch, _positive_int, "an integer >= 1")
     steps = _values("step_ms", step_ms, _finite_positive, "a finite number > 0")
     scalars = {}
@@ -276,14 +288,15 @@ def make_grid(
             raise GridError(f"{name} must be an integer >= 1, got {value!r}")
         scalars[name] = _plain(value)
     points: dict[str, SweepPoint] = {}
-    for trace, bs, pc, mb, st, nb in itertools.product(
-        trace_ids, sizes, caching, batches, steps, pools
+    for trace, bs, pc, mb, st, ev, nb in itertools.product(
+        trace_ids, sizes, caching, batches, steps, policies, pools
     ):
         p = SweepPoint(
             trace=trace,
             blocks=nb if nb is not None else max(1, DEFAULT_POOL_TOKENS // bs),
             block_size=bs,
             prefix_caching=pc,
+            eviction=ev,
             max_batch=mb,
             step_ms=float(st),
             **scalars,
@@ -302,9 +315,11 @@ def check_traces(points: Sequence[SweepPoint]) -> None:
     Raises
     ------
     GridError
-        A ``ValueError``: a trace cannot be read, is malformed (the message names the file and line), or holds
-        no requests.
+        A ``ValueError``: a trace cannot be read, is malformed (the message names the file and
+        line), holds no requests, or has no ``hash_ids`` while the grid runs it under a policy
+        that needs them (``oracle``).
     """
+    hindsight = {(p.trace, p.limit) for p in points if p.eviction in HINDSIGHT_POLICIES}
     for trace, limit in dict.fromkeys((p.trace, p.limit) for p in points):
         try:
             requests = _load(trace, limit)
@@ -312,6 +327,12 @@ def check_traces(points: Sequence[SweepPoint]) -> None:
             raise GridError(f"cannot read trace {trace!r}: {exc}") from None
         if not requests:
             raise GridError(f"trace {trace!r} holds no requests")
+        if (trace, limit) in hindsight and any(r.hash_ids is None for r in requests):
+            policies = sorted({p.eviction for p in points if p.eviction in HINDSIGHT_POLICIES})
+            raise GridError(
+                f"eviction {', '.join(policies)} needs a trace with hash_ids (Mooncake .jsonl) "
+                f"to know when each block is used again; trace {trace!r} has none"
+            )
 
 
 def warm_kernels() -> None:
@@ -372,12 +393,11 @@ def run_point(point: SweepPoint, cache_dir: str | None = None) -> dict:
     _adopt_cache_dir(cache_dir)
     requests = _load(point.trace, point.limit)
     config = point.sim_config()
-    result = simulate(requests, config)
-    fields = result_fields(
-        result, requests, config, _keys(point.trace, point.limit, point.block_size)
-    )
-    fields["wall_s"] = round(time.perf_counter() - t0, 2)
-    return {**asdict(point), **fields, "key": point.key}
+    keys = _keys(point.trace, point.limit, point.block_size)
+    result = simulate(requests, config, keys=keys)
+    results = result_fields(result, requests, config, keys)
+    results["wall_s"] = round(time.perf_counter() - t0, 2)
+    return {**asdict(point), **results, "key": point.key}
 
 
 class ResultStore:
@@ -568,6 +588,7 @@ def sweep(
     blocks: int | Sequence[int | None] | None = None,
     block_sizes: int | Sequence[int] = 16,
     prefix_caching: bool | Sequence[bool] = True,
+    eviction: str | Sequence[str] = "lru",
     max_batch: int | Sequence[int] = 256,
     step_ms: float | Sequence[float] = DEFAULT_STEP_MS,
     limit: int | None = None,
@@ -583,8 +604,8 @@ def sweep(
 
     Parameters
     ----------
-    traces, blocks, block_sizes, prefix_caching, max_batch, step_ms, limit, max_seq_len, \
-max_prefill_tokens
+    traces, blocks, block_sizes, prefix_caching, eviction, max_batch, step_ms, limit, \
+max_seq_len, max_prefill_tokens
         The grid; see :func:`make_grid`.
     out : str or path-like, optional
         Output folder: rows are appended to ``results.jsonl`` and ``results.csv`` as each task
@@ -621,6 +642,7 @@ max_prefill_tokens
         blocks=blocks,
         block_sizes=block_sizes,
         prefix_caching=prefix_caching,
+        eviction=eviction,
         max_batch=max_batch,
         step_ms=step_ms,
         limit=limit,
