@@ -342,3 +342,18 @@ def test_a_factory_that_drops_the_policy_is_caught(tmp_path):
     reqs = load_trace(mooncake_file(tmp_path, HAND))
     with pytest.raises(ValueError, match="built a manager with eviction 'lru', not 'sieve'"):
         Simulator(reqs, SimConfig(num_blocks=64, block_size=512, eviction="sieve"), lru_only)
+
+
+@pytest.mark.parametrize("policy", ["lru", "oracle"])
+def test_cli_loads_the_kernels_of_its_policy_first(monkeypatch, capsys, policy):
+    from kvnumba import kernels
+
+    calls = []
+    real = kernels.prepare
+    monkeypatch.setattr(
+        kernels, "prepare", lambda names, **kw: calls.append((names, kw)) or real(names, **kw)
+    )
+    assert sim_cli.main(["--limit", "3", "--eviction", policy]) == 0
+    ((names, kw),) = calls
+    other = policy != "lru"
+    assert names == (kernels.POLICY if other else kernels.PLAIN) and kw["policy"] == other

@@ -259,9 +259,16 @@ def test_warm_kernels_compiles_every_entry_kernel(monkeypatch):
     from kvnumba import kernels
 
     seen = []
-    monkeypatch.setattr(kernels, "compiled", seen.append)
+    monkeypatch.setattr(kernels, "compiled", lambda name, policy=False: seen.append((name, policy)))
     sweeps.warm_kernels()
-    assert seen == list(kernels.SIGNATURES)
+    lru = [name for name in kernels.SIGNATURES if name not in kernels.POLICY_ONLY]
+    assert seen == [(name, False) for name in lru]
+    # A grid with a policy other than LRU: also the policy versions its simulations run.
+    seen.clear()
+    sweeps.warm_kernels(policy=True)
+    assert seen[len(lru) :] == [
+        (name, True) for name in kernels.POLICY if name not in kernels.ONE_REQUEST
+    ]
 
 
 def test_ctrl_c_stops_a_local_sweep_with_status_130(tmp_path):

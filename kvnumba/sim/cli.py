@@ -309,9 +309,12 @@ def _main(argv: list[str], t_start: float) -> int:
         eviction=args.eviction,
     )
     if not args.reference:
-        from kvnumba.kernels import prepare
+        from kvnumba.kernels import PLAIN, POLICY, prepare
 
-        prepare(stream=sys.stderr)  # says so if it must compile, before the progress bar
+        # Says so if it must compile, before the progress bar; a policy other than LRU runs
+        # the kernels' policy versions.
+        policy = config.eviction != "lru"
+        prepare(POLICY if policy else PLAIN, stream=sys.stderr, policy=policy)
     with progress_bar(len(requests), "req", "simulate") as bar:
         try:
             factory = reference_manager_factory if args.reference else None

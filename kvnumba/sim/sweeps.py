@@ -335,15 +335,23 @@ def check_traces(points: Sequence[SweepPoint]) -> None:
             )
 
 
-def warm_kernels() -> None:
+def warm_kernels(policy: bool = False) -> None:
     """Compile every kernel in this process, or load it from the numba cache.
 
     Called in the client before a sweep submits any task, so that workers sharing the cache
     directory load the kernels instead of each compiling them at once on a busy machine.
-    """
-    from kvnumba.kernels import SIGNATURES, prepare
 
-    prepare(tuple(SIGNATURES), stream=sys.stderr)  # says so on stderr if it must compile
+    Parameters
+    ----------
+    policy : bool
+        Also the kernels' versions for a policy other than LRU (a grid with such a policy).
+    """
+    from kvnumba.kernels import POLICY, POLICY_ONLY, SIGNATURES, prepare
+
+    lru = tuple(name for name in SIGNATURES if name not in POLICY_ONLY)
+    prepare(lru, stream=sys.stderr)  # says so on stderr if it must compile
+    if policy:
+        prepare(POLICY, stream=sys.stderr, policy=True)
 
 
 # Per worker process: the first task that needs a trace (or its block keys) parses it, the
@@ -657,7 +665,8 @@ max_seq_len, max_prefill_tokens
     failed: list = []
     workers = ran = 0
     if todo:
-        warm_kernels()  # before the cluster starts: compiling wants both cores
+        # Before the cluster starts: compiling wants both cores.
+        warm_kernels(policy=any(p.eviction != "lru" for p in todo))
         cache_dir = os.environ.get("NUMBA_CACHE_DIR")
         with _dask_client(scheduler, n_workers, cache_dir) as client:
             from distributed import as_completed
