@@ -72,6 +72,21 @@ M_HAND = 36  # sieve: the hand (a cached block), or NIL
 # Victims a policy chose that it must never choose: a referenced block, or under the leaf
 # policies one with cached children (``check()`` reports any; a correct policy keeps it 0).
 M_POLICY_FAULTS = 37
+
+# --- columns of the eviction policies' per-block fields (``pol_words``, ``pol_links``) ------------
+W_VALUE = 0  # lfu, sieve: hits since registration; oracle: the next use (-1: never)
+W_KEY = 1  # heap priority of a cached block
+W_STAMP = 2  # release stamp of a cached block
+POL_WORDS = 3
+L_HEAP = 0  # the heap of evictable blocks, by position
+L_POS = 1  # a block's position in the heap, or -1
+L_PARENT = 2  # parent in the cached prefix forest (-1: a root; -2: its parent was gone)
+L_PGEN = 3  # the parent's generation when the block registered
+L_GEN = 4  # registrations and unregistrations of the block so far
+L_KID = 5  # first listed cached child, or -1
+L_SIB_PREV = 6  # back link among a parent's cached children
+L_SIB_NEXT = 7  # forward link among them
+POL_LINKS = 8
 META_SIZE = 40
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
@@ -172,18 +187,20 @@ ADMIT_ONE_AT = room_layout("AdmitOneAt", ADMIT_ONE_ROOM, CALL_ROOM_INPUTS, "hits
 # A shape names its dimensions; ``new_state`` / ``new_scratch`` give them values.
 HEADER_SLOTS = 5
 H_OFFSET, H_NBYTES, H_ITEMSIZE, H_DIM0, H_DIM1 = range(HEADER_SLOTS)  # a field's header slots
-MAX_FIELDS = 64
+MAX_FIELDS = 48
 HEADER_BYTES = 8 * HEADER_SLOTS * MAX_FIELDS
 _ALIGN = 64
 
 
 class Field(NamedTuple):
-    """One array of an arena: its name, dtype, named dimensions and meaning."""
+    """One array of an arena: its name, dtype, named dimensions and meaning; ``viewed``: a
+    field of the kernels' views (else the code that uses it carves it itself)."""
 
     name: str
     dtype: type
     dims: tuple[str, ...]
     doc: str
+    viewed: bool = True
 
 
 STATE_FIELDS = (
@@ -252,18 +269,11 @@ STATE_FIELDS = (
         ("blocks_per_page",),
         "Front page of the bucket of mapped pages with ``c`` free blocks (index ``c``), or -1.",
     ),
-    # Eviction policies other than LRU: one entry per block (none for an LRU manager).
-    Field("pol_value", np.int64, ("policy_blocks",), "lfu, sieve: hits; oracle: next use."),
-    Field("pol_key", np.int64, ("policy_blocks",), "Heap priority of a cached block."),
-    Field("pol_stamp", np.int64, ("policy_blocks",), "Release stamp of a cached block."),
-    Field("pol_heap", np.int32, ("policy_blocks",), "The heap of evictable blocks (binary)."),
-    Field("pol_pos", np.int32, ("policy_blocks",), "A block's index in the heap, or -1."),
-    Field("pol_parent", np.int32, ("policy_blocks",), "Parent in the prefix forest (-1: root)."),
-    Field("pol_pgen", np.int32, ("policy_blocks",), "The parent's generation at registration."),
-    Field("pol_gen", np.int32, ("policy_blocks",), "Registrations and unregistrations so far."),
-    Field("pol_kid", np.int32, ("policy_blocks",), "First linked cached child, or -1."),
-    Field("pol_sib_prev", np.int32, ("policy_blocks",), "Back link among cached siblings."),
-    Field("pol_sib_next", np.int32, ("policy_blocks",), "Forward link among cached siblings."),
+    # Eviction policies other than LRU: one row per block (none for an LRU manager; ``W_*`` and
+    # ``L_*`` name the columns). Not in the kernels' views: every kernel builds every view, and
+    # only the policy code reads these (``_kernels/eviction.py`` carves them).
+    Field("pol_words", np.int64, ("policy_blocks", "pol_words"), "Per block: ``W_*``.", False),
+    Field("pol_links", np.int32, ("policy_blocks", "pol_links"), "Per block: ``L_*``.", False),
 )
 
 SCRATCH_FIELDS = (
@@ -415,6 +425,8 @@ def state_dims(g: Geometry) -> dict[str, int]:
         "paged_blocks": g.num_blocks if k else 0,
         "blocks_per_page": k,
         "policy_blocks": g.num_blocks if g.eviction else 0,
+        "pol_words": POL_WORDS,
+        "pol_links": POL_LINKS,
     }
 
 
@@ -465,8 +477,8 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
     meta[M_POLICY] = g.eviction
     meta[M_HAND] = NIL
     if g.eviction:
-        for name in ("pol_pos", "pol_parent", "pol_kid", "pol_sib_prev", "pol_sib_next"):
-            v[name][:] = NIL
+        for column in (L_POS, L_PARENT, L_KID, L_SIB_PREV, L_SIB_NEXT):
+            state.pol_links[:, column] = NIL
     if k:
         # Every virtual page unmapped, popped in order 0, 1, ...; no block on the free stack.
         num_pages = dims["pages"]

@@ -83,6 +83,12 @@ def _compile(args: list[str]) -> int:
         help="with --engine: only group I of the engine kernels (kvnumba.kernels.ENGINE_GROUPS; "
         "the groups compile in parallel in separate processes)",
     )
+    parser.add_argument(
+        "--policies",
+        action="store_true",
+        help="also the versions for the eviction policies other than LRU (one compile serves "
+        "them all; docs/eviction.md)",
+    )
     parser.add_argument("--quiet", action="store_true", help="print nothing")
     options = parser.parse_args(args)
 
@@ -106,7 +112,8 @@ def _compile(args: list[str]) -> int:
         from kvnumba import kernels
 
         kernels.notice_given()  # this command is the ahead-of-time compile: no hint to run it
-        names = kernels.ENGINE if options.engine else tuple(kernels.SIGNATURES)
+        lru = tuple(n for n in kernels.SIGNATURES if n not in kernels.POLICY_ONLY)
+        names = kernels.ENGINE if options.engine else lru
         if options.group is not None:
             names = kernels.ENGINE_GROUPS[options.group]
         later = [n for n in names if n in kernels.ENGINE_AFTER] if options.group is not None else []
@@ -116,6 +123,9 @@ def _compile(args: list[str]) -> int:
     for name in later:
         with compile_lock(groups, shared=[kernels.ENGINE_AFTER[name]]):
             kernels.compile_all([name], progress=progress)
+    if options.policies:
+        policy_names = kernels.ENGINE_POLICY if options.engine else kernels.POLICY
+        kernels.compile_all(policy_names, progress=progress, policy=True)
     if not options.quiet:
         what = "engine kernels" if options.engine else "all kernels"
         print(f"{what}: {time.process_time() - start:.1f} s of CPU")

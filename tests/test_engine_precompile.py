@@ -94,6 +94,12 @@ def test_compile_command_engine_only_and_its_options():
     for wrong in (["--group", "0"], ["--engine", "--group", "7"]):
         refused = subprocess.run([*run, *wrong], env=env, capture_output=True, text=True)
         assert refused.returncode == 2 and "--group" in refused.stderr
+    # With --policies, the policy versions of what an engine calls follow the LRU ones.
+    policies = subprocess.run(
+        [*run, "--engine", "--policies"], env=env, capture_output=True, text=True
+    )
+    names = [line.split()[0] for line in policies.stdout.splitlines()[:-1]]
+    assert names == [*kernels.ENGINE, *kernels.ENGINE_POLICY]
 
 
 def test_a_cold_manager_compiles_one_group_itself_and_the_other_in_a_child(tmp_path):

@@ -21,7 +21,7 @@ import pytest
 
 import kvnumba
 from kvnumba import InvariantViolation, PoolExhausted
-from kvnumba._state import F_ORPHAN, M_HAND, M_HEAP_N
+from kvnumba._state import F_ORPHAN, L_GEN, L_HEAP, L_PARENT, M_HAND, M_HEAP_N, W_KEY, W_STAMP
 from kvnumba.eviction import EVICTION_POLICIES, SIMULATOR_POLICIES
 from kvnumba.reference import ReferenceBlockManager
 
@@ -90,7 +90,7 @@ def test_the_policy_is_chosen_at_construction():
 def test_an_lru_manager_keeps_no_policy_state():
     lru = kvnumba.BlockManager(64, 2)
     lfu = kvnumba.BlockManager(64, 2, eviction="lfu")
-    assert lru.state.pol_heap.shape == (0,) and lfu.state.pol_heap.shape == (64,)
+    assert lru.state.pol_links.shape == (0, 8) and lfu.state.pol_links.shape == (64, 8)
     assert lru._arenas.arena.nbytes < lfu._arenas.arena.nbytes
 
 
@@ -287,7 +287,7 @@ def _writable(mgr):
 def test_check_finds_a_referenced_block_in_the_eviction_heap(policy):
     mgr, referenced = _cached_pool(policy)
     s = _writable(mgr)
-    s.pol_heap[0] = referenced  # the next victim would be a block in use
+    s.pol_links[0, L_HEAP] = referenced  # the next victim would be a block in use
     with pytest.raises(InvariantViolation, match="eviction heap"):
         mgr.check()
 
@@ -304,10 +304,11 @@ def test_check_finds_a_broken_heap_order(policy):
     mgr, _ = _cached_pool(policy)
     s = _writable(mgr)
     assert s.meta[M_HEAP_N] >= 2
-    top, other = int(s.pol_heap[0]), int(s.pol_heap[1])
-    s.pol_stamp[top] = s.pol_stamp[other] + 100  # the top now comes after its child entry
+    top, other = int(s.pol_links[0, L_HEAP]), int(s.pol_links[1, L_HEAP])
+    # The top now comes after its child entry.
+    s.pol_words[top, W_STAMP] = s.pol_words[other, W_STAMP] + 100
     if policy == "lfu":
-        s.pol_key[top] = s.pol_key[other]
+        s.pol_words[top, W_KEY] = s.pol_words[other, W_KEY]
     with pytest.raises(InvariantViolation, match="eviction heap"):
         mgr.check()
 
@@ -317,8 +318,9 @@ def test_check_finds_an_unreachable_cached_block_left_unmarked(policy):
     mgr, _ = _cached_pool(policy)
     s = _writable(mgr)
     # A parent evicted without orphaning its cached child: the child's link is stale.
-    child = next(b for b in range(8) if s.pol_parent[b] >= 0 and s.ref[b] == 0)
-    s.pol_gen[s.pol_parent[child]] += 2
+    links = s.pol_links
+    child = next(b for b in range(8) if links[b, L_PARENT] >= 0 and s.ref[b] == 0)
+    links[links[child, L_PARENT], L_GEN] += 2
     with pytest.raises(InvariantViolation, match="prefix forest"):
         mgr.check()
 

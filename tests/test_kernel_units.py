@@ -423,17 +423,8 @@ _LOGGED = (
     "block_next",
     "buckets",
     # Eviction policies other than LRU (their fields have no rows under LRU).
-    "pol_value",
-    "pol_key",
-    "pol_stamp",
-    "pol_heap",
-    "pol_pos",
-    "pol_parent",
-    "pol_pgen",
-    "pol_gen",
-    "pol_kid",
-    "pol_sib_prev",
-    "pol_sib_next",
+    "pol_words",
+    "pol_links",
 )
 
 

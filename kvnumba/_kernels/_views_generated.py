@@ -13,8 +13,8 @@ from kvnumba._kernels.views import Views
 def views(arena, scratch, pool):
     """Named views of a manager's arenas; ``pool`` is the page pool's arena (for a
     manager without one, any uint8 array: it is never read)."""
-    h = carve(arena, 0, (320,), np.int64)
-    g = carve(scratch, 0, (320,), np.int64)
+    h = carve(arena, 0, (240,), np.int64)
+    g = carve(scratch, 0, (240,), np.int64)
     return Views(
         carve(arena, h[0], (h[1] >> 2,), np.int32),  # ref
         carve(arena, h[5], (h[6] >> 2,), np.int32),  # lru_prev
@@ -45,17 +45,6 @@ def views(arena, scratch, pool):
         carve(arena, h[130], (h[131] >> 3,), np.int64),  # page_stamp
         carve(arena, h[135], (h[136] >> 2,), np.int32),  # block_next
         carve(arena, h[140], (h[141] >> 2,), np.int32),  # buckets
-        carve(arena, h[145], (h[146] >> 3,), np.int64),  # pol_value
-        carve(arena, h[150], (h[151] >> 3,), np.int64),  # pol_key
-        carve(arena, h[155], (h[156] >> 3,), np.int64),  # pol_stamp
-        carve(arena, h[160], (h[161] >> 2,), np.int32),  # pol_heap
-        carve(arena, h[165], (h[166] >> 2,), np.int32),  # pol_pos
-        carve(arena, h[170], (h[171] >> 2,), np.int32),  # pol_parent
-        carve(arena, h[175], (h[176] >> 2,), np.int32),  # pol_pgen
-        carve(arena, h[180], (h[181] >> 2,), np.int32),  # pol_gen
-        carve(arena, h[185], (h[186] >> 2,), np.int32),  # pol_kid
-        carve(arena, h[190], (h[191] >> 2,), np.int32),  # pol_sib_prev
-        carve(arena, h[195], (h[196] >> 2,), np.int32),  # pol_sib_next
         carve(scratch, g[0], (g[3], g[4]), np.int64),  # ulog
         carve(scratch, g[5], (g[6] >> 3,), np.int64),  # ev_ids
         carve(scratch, g[10], (g[11] >> 3,), np.uint64),  # ev_hash

@@ -217,7 +217,7 @@ def register_full_block(v, b, parent_block, salt):
         new_flags |= F_REGISTERED
         table_insert(v, b, h)
         note_event(v, EVENT_STORED, b)
-        policy_registered(v, b, parent_block, True)
+        policy_registered(v, b, parent_block, 1)
     set_logged(v, flags, FIELD.block_flags, b, new_flags)
 
 

@@ -14,24 +14,39 @@ policies compile together, once, the first time any of them is chosen.
 
 Every policy keeps the LRU list as the cached blocks in release order (``trim`` and
 ``reset_prefix_cache`` walk it); what it adds: ``lfu``, ``leaf-lru`` and ``oracle`` a binary
-min-heap of evictable blocks ordered by ``(pol_key, pol_stamp)``; ``sieve`` a hand on the list
+min-heap of evictable blocks ordered by ``(key, stamp)``; ``sieve`` a hand on the list
 and a visited count per block; the leaf policies a forest of cached blocks (a parent link with
 the parent's generation, intrusive lists of cached children). All writes to the per-block
-fields are logged (``set_logged``), so a failed logged call rolls them back; the ``meta`` slots
-are saved whole by such a call.
+fields (``pol_words`` and ``pol_links``, columns ``W_*`` and ``L_*``) are logged, so a failed
+logged call rolls them back; the ``meta`` slots are saved whole by such a call.
 """
 
-import numpy as np
-from numba.extending import overload
+import inspect
 
+import numpy as np
+from numba import njit
+from numba.core import config, types
+from numba.extending import intrinsic, overload
+
+from kvnumba._kernels.carve import carve
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.prefix import table_find
-from kvnumba._kernels.undo import set_logged
-from kvnumba._kernels.views import is_policy, views
+from kvnumba._kernels.undo import log_write, set_logged
+from kvnumba._kernels.views import header_entry, is_policy, views
 from kvnumba._state import (
     F_ORPHAN,
     F_REGISTERED,
     FIELD,
+    H_DIM0,
+    H_OFFSET,
+    L_GEN,
+    L_HEAP,
+    L_KID,
+    L_PARENT,
+    L_PGEN,
+    L_POS,
+    L_SIB_NEXT,
+    L_SIB_PREV,
     M_HAND,
     M_HEAP_N,
     M_LRU_HEAD,
@@ -40,6 +55,11 @@ from kvnumba._state import (
     M_POLICY,
     M_POLICY_FAULTS,
     NIL,
+    POL_LINKS,
+    POL_WORDS,
+    W_KEY,
+    W_STAMP,
+    W_VALUE,
 )
 from kvnumba.eviction import POLICY_CODES
 
@@ -47,7 +67,7 @@ P_LFU = POLICY_CODES["lfu"]
 P_SIEVE = POLICY_CODES["sieve"]
 P_LEAF = POLICY_CODES["leaf-lru"]
 P_ORACLE = POLICY_CODES["oracle"]
-#: ``pol_parent`` of a block registered under a parent hash that no block holds any more: an
+#: The parent (``L_PARENT``) of a block registered under a parent hash that no block holds any more: an
 #: orphan as soon as it is cached. A root (a sequence's first block) has NIL.
 ORPHAN_AT_BIRTH = -2
 #: How a cached block leaves the cache (:func:`leave_cache`): a prefix hit claims it, or it is
@@ -58,27 +78,59 @@ NEVER_KEY = -(1 << 62)
 ORPHAN_KEY = NEVER_KEY - 1
 
 
-# --- the heap: a min-heap of blocks on (pol_key, pol_stamp) ---------------------------------
+# --- the per-block policy fields: carved here, not part of the views ------------------------
+# Inlined at numba's IR level: a helper compiled without NRT may not return an array it made.
+@njit(cache=True, inline="always")
+def pol_links(v):
+    """The ``pol_links`` field (int32, ``L_*`` columns) of views ``v``'s state arena."""
+    arena = v.arena
+    shape = (header_entry(arena, FIELD.pol_links, H_DIM0), POL_LINKS)
+    return carve(arena, header_entry(arena, FIELD.pol_links, H_OFFSET), shape, np.int32)
+
+
+@njit(cache=True, inline="always")
+def pol_words(v):
+    """The ``pol_words`` field (int64, ``W_*`` columns) of views ``v``'s state arena."""
+    arena = v.arena
+    shape = (header_entry(arena, FIELD.pol_words, H_DIM0), POL_WORDS)
+    return carve(arena, header_entry(arena, FIELD.pol_words, H_OFFSET), shape, np.int64)
+
+
+@inlined
+def _set_link(v, b, column, value):
+    """``pol_links[b, column] = value``, logged (the field's flat index, as ``seq_table``)."""
+    log_write(v, FIELD.pol_links, b * POL_LINKS + column, pol_links(v)[b, column])
+    pol_links(v)[b, column] = value
+
+
+@inlined
+def _set_word(v, b, column, value):
+    """``pol_words[b, column] = value``, logged."""
+    log_write(v, FIELD.pol_words, b * POL_WORDS + column, pol_words(v)[b, column])
+    pol_words(v)[b, column] = value
+
+
+# --- the heap: a min-heap of blocks on (key, stamp) --------------------------------------------
 @inlined
 def _before(v, a, b):
-    ka = v.pol_key[a]
-    kb = v.pol_key[b]
-    return ka < kb or (ka == kb and v.pol_stamp[a] < v.pol_stamp[b])
+    ka = pol_words(v)[a, W_KEY]
+    kb = pol_words(v)[b, W_KEY]
+    return ka < kb or (ka == kb and pol_words(v)[a, W_STAMP] < pol_words(v)[b, W_STAMP])
 
 
 @inlined
 def _place(v, i, b):
-    set_logged(v, v.pol_heap, FIELD.pol_heap, i, b)
-    set_logged(v, v.pol_pos, FIELD.pol_pos, b, i)
+    _set_link(v, i, L_HEAP, b)
+    _set_link(v, b, L_POS, i)
 
 
 @out_of_line
 def _sift_up(v, i):
-    heap = v.pol_heap
-    b = heap[i]
+    links = pol_links(v)
+    b = links[i, L_HEAP]
     while i > 0:
         p = (i - 1) >> 1
-        q = heap[p]
+        q = links[p, L_HEAP]
         if not _before(v, b, q):
             break
         _place(v, i, q)
@@ -88,18 +140,18 @@ def _sift_up(v, i):
 
 @out_of_line
 def _sift_down(v, i):
-    heap = v.pol_heap
+    links = pol_links(v)
     n = v.meta[M_HEAP_N]
-    b = heap[i]
+    b = links[i, L_HEAP]
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and _before(v, heap[c + 1], heap[c]):
+        if c + 1 < n and _before(v, links[c + 1, L_HEAP], links[c, L_HEAP]):
             c += 1
-        if not _before(v, heap[c], b):
+        if not _before(v, links[c, L_HEAP], b):
             break
-        _place(v, i, heap[c])
+        _place(v, i, links[c, L_HEAP])
         i = c
     _place(v, i, b)
 
@@ -116,22 +168,22 @@ def heap_push(v, b):
 @out_of_line
 def heap_remove(v, b):
     """Take block ``b`` out of the heap."""
-    i = np.int64(v.pol_pos[b])
+    i = np.int64(pol_links(v)[b, L_POS])
     n = v.meta[M_HEAP_N] - 1
     v.meta[M_HEAP_N] = n
-    set_logged(v, v.pol_pos, FIELD.pol_pos, b, NIL)
+    _set_link(v, b, L_POS, NIL)
     if i != n:
-        last = v.pol_heap[n]
+        last = pol_links(v)[n, L_HEAP]
         _place(v, i, last)
         _sift_up(v, i)
-        _sift_down(v, np.int64(v.pol_pos[last]))
+        _sift_down(v, np.int64(pol_links(v)[last, L_POS]))
 
 
 @out_of_line
 def heap_fix(v, b):
     """Restore the heap order after block ``b``'s key changed."""
-    _sift_up(v, np.int64(v.pol_pos[b]))
-    _sift_down(v, np.int64(v.pol_pos[b]))
+    _sift_up(v, np.int64(pol_links(v)[b, L_POS]))
+    _sift_down(v, np.int64(pol_links(v)[b, L_POS]))
 
 
 # --- the cached prefix forest of the leaf policies -------------------------------------------
@@ -143,7 +195,7 @@ def leaf_key(v, b):
         return np.int64(-1) if orphan else np.int64(0)
     if orphan:
         return np.int64(ORPHAN_KEY)
-    next_use = v.pol_value[b]
+    next_use = pol_words(v)[b, W_VALUE]
     return np.int64(NEVER_KEY) if next_use < 0 else -next_use
 
 
@@ -154,26 +206,26 @@ def _is_cached(v, b):
 
 @out_of_line
 def _link_kid(v, b, p):
-    first = v.pol_kid[p]
-    set_logged(v, v.pol_sib_prev, FIELD.pol_sib_prev, b, NIL)
-    set_logged(v, v.pol_sib_next, FIELD.pol_sib_next, b, first)
+    first = pol_links(v)[p, L_KID]
+    _set_link(v, b, L_SIB_PREV, NIL)
+    _set_link(v, b, L_SIB_NEXT, first)
     if first != NIL:
-        set_logged(v, v.pol_sib_prev, FIELD.pol_sib_prev, first, b)
-    set_logged(v, v.pol_kid, FIELD.pol_kid, p, b)
+        _set_link(v, first, L_SIB_PREV, b)
+    _set_link(v, p, L_KID, b)
 
 
 @out_of_line
 def _unlink_kid(v, b, p):
-    before = v.pol_sib_prev[b]
-    after = v.pol_sib_next[b]
+    before = pol_links(v)[b, L_SIB_PREV]
+    after = pol_links(v)[b, L_SIB_NEXT]
     if before == NIL:
-        set_logged(v, v.pol_kid, FIELD.pol_kid, p, after)
+        _set_link(v, p, L_KID, after)
     else:
-        set_logged(v, v.pol_sib_next, FIELD.pol_sib_next, before, after)
+        _set_link(v, before, L_SIB_NEXT, after)
     if after != NIL:
-        set_logged(v, v.pol_sib_prev, FIELD.pol_sib_prev, after, before)
-    set_logged(v, v.pol_sib_prev, FIELD.pol_sib_prev, b, NIL)
-    set_logged(v, v.pol_sib_next, FIELD.pol_sib_next, b, NIL)
+        _set_link(v, after, L_SIB_PREV, before)
+    _set_link(v, b, L_SIB_PREV, NIL)
+    _set_link(v, b, L_SIB_NEXT, NIL)
 
 
 @inlined
@@ -184,14 +236,14 @@ def _set_flags(v, b, flags):
 @out_of_line
 def orphan_kids(v, p):
     """Block ``p`` lost its registration: its cached children become orphans (evicted first)."""
-    set_logged(v, v.pol_gen, FIELD.pol_gen, p, v.pol_gen[p] + 1)
-    c = v.pol_kid[p]
+    _set_link(v, p, L_GEN, pol_links(v)[p, L_GEN] + 1)
+    c = pol_links(v)[p, L_KID]
     while c != NIL:
-        after = v.pol_sib_next[c]
+        after = pol_links(v)[c, L_SIB_NEXT]
         _unlink_kid(v, c, p)
         _set_flags(v, c, v.block_flags[c] | F_ORPHAN)
-        set_logged(v, v.pol_key, FIELD.pol_key, c, leaf_key(v, c))
-        if v.pol_pos[c] != NIL:
+        _set_word(v, c, W_KEY, leaf_key(v, c))
+        if pol_links(v)[c, L_POS] != NIL:
             heap_fix(v, c)
         c = after
 
@@ -204,20 +256,20 @@ def enter_cache(v, b):
     policy = meta[M_POLICY]
     clock = meta[M_POL_CLOCK]
     meta[M_POL_CLOCK] = clock + 1
-    set_logged(v, v.pol_stamp, FIELD.pol_stamp, b, clock)
+    _set_word(v, b, W_STAMP, clock)
     if policy == P_LFU:
-        set_logged(v, v.pol_key, FIELD.pol_key, b, meta[M_POL_AGE] + v.pol_value[b])
+        _set_word(v, b, W_KEY, meta[M_POL_AGE] + pol_words(v)[b, W_VALUE])
         heap_push(v, b)
     elif policy != P_SIEVE:
-        p = np.int64(v.pol_parent[b])
-        if p >= 0 and v.pol_gen[p] == v.pol_pgen[b]:
-            if v.pol_kid[p] == NIL and v.pol_pos[p] != NIL:
+        p = np.int64(pol_links(v)[b, L_PARENT])
+        if p >= 0 and pol_links(v)[p, L_GEN] == pol_links(v)[b, L_PGEN]:
+            if pol_links(v)[p, L_KID] == NIL and pol_links(v)[p, L_POS] != NIL:
                 heap_remove(v, p)  # no longer a leaf
             _link_kid(v, b, p)
         elif p != NIL:
             _set_flags(v, b, v.block_flags[b] | F_ORPHAN)
-        set_logged(v, v.pol_key, FIELD.pol_key, b, leaf_key(v, b))
-        if v.pol_kid[b] == NIL:
+        _set_word(v, b, W_KEY, leaf_key(v, b))
+        if pol_links(v)[b, L_KID] == NIL:
             heap_push(v, b)
 
 
@@ -230,24 +282,24 @@ def leave_cache(v, b, how):
     meta = v.meta
     policy = meta[M_POLICY]
     if how == EVICTED_VICTIM and (
-        v.ref[b] != 0 or (policy != P_LFU and policy != P_SIEVE and v.pol_kid[b] != NIL)
+        v.ref[b] != 0 or (policy != P_LFU and policy != P_SIEVE and pol_links(v)[b, L_KID] != NIL)
     ):
         meta[M_POLICY_FAULTS] += 1
     if policy == P_SIEVE:
         if meta[M_HAND] == b:
             meta[M_HAND] = v.lru_next[b]
         return
-    if v.pol_pos[b] != NIL:
+    if pol_links(v)[b, L_POS] != NIL:
         heap_remove(v, b)
     if policy == P_LFU:
         return
     flags = v.block_flags[b]
     if flags & F_ORPHAN:
         _set_flags(v, b, flags & ~F_ORPHAN)
-    elif v.pol_parent[b] >= 0:
-        p = np.int64(v.pol_parent[b])
+    elif pol_links(v)[b, L_PARENT] >= 0:
+        p = np.int64(pol_links(v)[b, L_PARENT])
         _unlink_kid(v, b, p)
-        if v.pol_kid[p] == NIL and _is_cached(v, p):
+        if pol_links(v)[p, L_KID] == NIL and _is_cached(v, p):
             heap_push(v, p)  # a leaf now
     if how != CLAIMED:
         orphan_kids(v, b)
@@ -262,16 +314,16 @@ def choose_victim(v):
         b = meta[M_HAND]
         if b == NIL:
             b = meta[M_LRU_HEAD]
-        while v.pol_value[b] > 0:
-            set_logged(v, v.pol_value, FIELD.pol_value, b, 0)
+        while pol_words(v)[b, W_VALUE] > 0:
+            _set_word(v, b, W_VALUE, 0)
             b = v.lru_next[b]
             if b == NIL:
                 b = meta[M_LRU_HEAD]
         meta[M_HAND] = b  # leave_cache moves it on to the victim's successor
         return np.int64(b)
-    b = np.int64(v.pol_heap[0])
+    b = np.int64(pol_links(v)[0, L_HEAP])
     if policy == P_LFU:
-        meta[M_POL_AGE] = v.pol_key[b]
+        meta[M_POL_AGE] = pol_words(v)[b, W_KEY]
     return b
 
 
@@ -280,7 +332,7 @@ def note_hit(v, b):
     """Block ``b`` is a prefix hit of an admitted prompt."""
     policy = v.meta[M_POLICY]
     if policy == P_LFU or policy == P_SIEVE:
-        set_logged(v, v.pol_value, FIELD.pol_value, b, v.pol_value[b] + 1)
+        _set_word(v, b, W_VALUE, pol_words(v)[b, W_VALUE] + 1)
 
 
 @out_of_line
@@ -288,10 +340,10 @@ def note_registered(v, b, prev, by_content):
     """Block ``b`` was just registered; ``prev`` is the previous block of its sequence (NIL for
     the first). ``by_content``: registered by its chained hash (else under an engine key)."""
     policy = v.meta[M_POLICY]
-    set_logged(v, v.pol_value, FIELD.pol_value, b, -1 if policy == P_ORACLE else 0)
+    _set_word(v, b, W_VALUE, -1 if policy == P_ORACLE else 0)
     if policy != P_LEAF and policy != P_ORACLE:
         return
-    set_logged(v, v.pol_gen, FIELD.pol_gen, b, v.pol_gen[b] + 1)
+    _set_link(v, b, L_GEN, pol_links(v)[b, L_GEN] + 1)
     p = np.int64(NIL)
     if prev >= 0:
         if v.block_flags[prev] & F_REGISTERED:
@@ -300,8 +352,8 @@ def note_registered(v, b, prev, by_content):
             # The previous block is a copy: the parent is the registered block of its content.
             found = table_find(v, v.block_hash[prev], v.block_salt[prev], v.tokens[prev])
             p = found if found >= 0 else np.int64(ORPHAN_AT_BIRTH)
-    set_logged(v, v.pol_parent, FIELD.pol_parent, b, p)
-    set_logged(v, v.pol_pgen, FIELD.pol_pgen, b, v.pol_gen[p] if p >= 0 else 0)
+    _set_link(v, b, L_PARENT, p)
+    _set_link(v, b, L_PGEN, pol_links(v)[p, L_GEN] if p >= 0 else 0)
 
 
 @out_of_line
@@ -315,29 +367,93 @@ def note_unregistered(v, b):
 @out_of_line
 def set_next_use(v, b, next_use):
     """``oracle``: the trace position of the next use of block ``b``'s content (-1: never)."""
-    set_logged(v, v.pol_value, FIELD.pol_value, b, next_use)
+    _set_word(v, b, W_VALUE, next_use)
     if _is_cached(v, b):
-        set_logged(v, v.pol_key, FIELD.pol_key, b, leaf_key(v, b))
-        if v.pol_pos[b] != NIL:
+        _set_word(v, b, W_KEY, leaf_key(v, b))
+        if pol_links(v)[b, L_POS] != NIL:
             heap_fix(v, b)
 
 
 # --- the hooks: nothing (or the LRU head) for an LRU manager's views -------------------------
-# Each is a Python function that numba resolves at every call site to the policy's call or to
-# nothing, depending on the views; run as Python (``NUMBA_DISABLE_JIT``) it tests the policy at
-# run time instead. The hooks returning nothing are not inlined at numba's IR level
-# (``inline="never"``; LLVM still inlines the empty LRU versions): inlined there, a hook that
-# returns nothing in the middle of a loop body was seen to lose the caller's later statements.
-def policy_enter(pv, pb):
+# The hooks that return nothing are intrinsics: for an LRU manager's views numba types one and
+# emits no code (an ``@overload`` would compile its implementation once per kind of call site,
+# which cost the LRU kernels' compile time); for a policy manager's views the intrinsic calls
+# the policy's compiled function (out of line, compiled once), integers as int64. Run as Python
+# (``NUMBA_DISABLE_JIT``), each is a function that tests the policy at run time instead.
+def _intrinsic_hook(python_hook, policy_call):
+    """The intrinsic standing for ``python_hook`` (which it returns under ``NUMBA_DISABLE_JIT``):
+    nothing for an LRU manager's views, ``policy_call`` for a policy manager's."""
+    if config.DISABLE_JIT:
+        return python_hook
+
+    def typer(typingctx, *args):
+        def codegen(context, builder, signature, values):
+            views_type = signature.args[0]
+            if is_policy(views_type):
+                ints = [
+                    context.cast(builder, value, ty, types.int64)
+                    for value, ty in zip(values[1:], signature.args[1:], strict=True)
+                ]
+                # The policy's own compiled function (without NRT, as every helper), called.
+                args = (views_type, *(types.int64,) * len(ints))
+                policy_call.compile(args)
+                compiled = policy_call.overloads[args]
+                context.active_code_library.add_linking_library(compiled.library)
+                context.call_internal(
+                    builder, compiled.fndesc, types.none(*args), [values[0], *ints]
+                )
+            return context.get_dummy_value()
+
+        return types.none(*args), codegen
+
+    # numba's intrinsic takes named parameters: one typing function per arity.
+    arity = len(inspect.signature(python_hook).parameters)
+    params = ", ".join(f"a{i}" for i in range(arity))
+    scope = {"typer": typer}
+    exec(
+        f"def {python_hook.__name__}(typingctx, {params}):\n    return typer(typingctx, {params})",
+        scope,
+    )
+    hook = intrinsic(scope[python_hook.__name__])
+    hook.__doc__ = python_hook.__doc__
+    return hook
+
+
+def _enter(pv, pb):
     """:func:`enter_cache` (nothing under LRU)."""
     if pv.meta[M_POLICY]:
         enter_cache(pv, pb)
 
 
-def policy_leave(pv, pb, phow):
+def _leave(pv, pb, phow):
     """:func:`leave_cache` (nothing under LRU)."""
     if pv.meta[M_POLICY]:
         leave_cache(pv, pb, phow)
+
+
+def _hit(pv, pb):
+    """:func:`note_hit` (nothing under LRU)."""
+    if pv.meta[M_POLICY]:
+        note_hit(pv, pb)
+
+
+def _registered(pv, pb, pprev, pcontent):
+    """:func:`note_registered` (nothing under LRU); ``pcontent`` 1 or 0."""
+    if pv.meta[M_POLICY]:
+        note_registered(pv, pb, pprev, pcontent)
+
+
+def _unregistered(pv, pb):
+    """:func:`note_unregistered` (nothing under LRU)."""
+    if pv.meta[M_POLICY]:
+        note_unregistered(pv, pb)
+
+
+policy_enter = _intrinsic_hook(_enter, enter_cache)
+policy_leave = _intrinsic_hook(_leave, leave_cache)
+policy_hit = _intrinsic_hook(_hit, note_hit)
+policy_registered = _intrinsic_hook(_registered, note_registered)
+policy_unregistered = _intrinsic_hook(_unregistered, note_unregistered)
 
 
 def policy_victim(pv):
@@ -345,64 +461,11 @@ def policy_victim(pv):
     return choose_victim(pv) if pv.meta[M_POLICY] else pv.meta[M_LRU_HEAD]
 
 
-def policy_hit(pv, pb):
-    """:func:`note_hit` (nothing under LRU)."""
-    if pv.meta[M_POLICY]:
-        note_hit(pv, pb)
-
-
-def policy_registered(pv, pb, pprev, pcontent):
-    """:func:`note_registered` (nothing under LRU)."""
-    if pv.meta[M_POLICY]:
-        note_registered(pv, pb, pprev, pcontent)
-
-
-def policy_unregistered(pv, pb):
-    """:func:`note_unregistered` (nothing under LRU)."""
-    if pv.meta[M_POLICY]:
-        note_unregistered(pv, pb)
-
-
 @overload(policy_victim, inline="always")
 def _policy_victim_impl(pv):
     if is_policy(pv):
         return lambda pv: choose_victim(pv)
     return lambda pv: pv.meta[M_LRU_HEAD]
-
-
-@overload(policy_registered, inline="never")
-def _policy_registered_impl(pv, pb, pprev, pcontent):
-    if is_policy(pv):
-        return lambda pv, pb, pprev, pcontent: note_registered(
-            pv, np.int64(pb), np.int64(pprev), pcontent
-        )
-    return lambda pv, pb, pprev, pcontent: None
-
-
-@overload(policy_leave, inline="never")
-def _policy_leave_impl(pv, pb, phow):
-    if is_policy(pv):
-        return lambda pv, pb, phow: leave_cache(pv, np.int64(pb), np.int64(phow))
-    return lambda pv, pb, phow: None
-
-
-def _resolve_by_views(stub, policy_call):
-    """Make numba resolve ``stub(v, b)`` to ``policy_call(v, b)`` for a policy manager's views
-    and to nothing for an LRU manager's."""
-
-    @overload(stub, inline="never")
-    def _resolve(pv, pb):
-        if is_policy(pv):
-            return lambda pv, pb: policy_call(pv, np.int64(pb))
-        return lambda pv, pb: None
-
-
-for _stub, _call in [
-    (policy_enter, enter_cache),
-    (policy_hit, note_hit),
-    (policy_unregistered, note_unregistered),
-]:
-    _resolve_by_views(_stub, _call)
 
 
 @out_of_line

@@ -13,18 +13,30 @@ from kvnumba._kernels.eviction import (
     P_LFU,
     P_SIEVE,
     leaf_key,
+    pol_links,
+    pol_words,
 )
 from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.views import is_policy
 from kvnumba._state import (
     F_ORPHAN,
     F_REGISTERED,
+    L_GEN,
+    L_HEAP,
+    L_KID,
+    L_PARENT,
+    L_PGEN,
+    L_POS,
+    L_SIB_NEXT,
+    L_SIB_PREV,
     M_CACHED,
     M_HAND,
     M_HEAP_N,
     M_POLICY,
     M_POLICY_FAULTS,
     NIL,
+    W_KEY,
+    W_STAMP,
 )
 
 C_POLICY_HEAP = 40
@@ -69,7 +81,9 @@ def check_policy_state(st, seen):
     meta = st.meta
     policy = meta[M_POLICY]
     num_blocks = st.ref.shape[0]
-    heap, pos, key, stamp = st.pol_heap, st.pol_pos, st.pol_key, st.pol_stamp
+    links, words = pol_links(st), pol_words(st)
+    heap, pos, kid = links[:, L_HEAP], links[:, L_POS], links[:, L_KID]
+    key, stamp = words[:, W_KEY], words[:, W_STAMP]
     n = meta[M_HEAP_N]
     leaf = policy != P_LFU and policy != P_SIEVE
     if meta[M_POLICY_FAULTS] != 0:
@@ -85,7 +99,7 @@ def check_policy_state(st, seen):
         b = heap[i]
         if b < 0 or b >= num_blocks or pos[b] != i:
             return C_POLICY_HEAP, i, b
-        if not _cached(st, b) or (leaf and st.pol_kid[b] != NIL):
+        if not _cached(st, b) or (leaf and kid[b] != NIL):
             return C_POLICY_HEAP_MEMBER, b, policy
         if leaf and key[b] != leaf_key(st, np.int64(b)):
             return C_POLICY_KEY, b, key[b]
@@ -106,8 +120,8 @@ def check_policy_state(st, seen):
         return 0, 0, 0
     # The forest: every listed child cached, valid and listed once, under its own parent.
     seen[:] = 0
-    parent, pgen, gen, kid = st.pol_parent, st.pol_pgen, st.pol_gen, st.pol_kid
-    sib_prev, sib_next = st.pol_sib_prev, st.pol_sib_next
+    parent, pgen, gen = links[:, L_PARENT], links[:, L_PGEN], links[:, L_GEN]
+    sib_prev, sib_next = links[:, L_SIB_PREV], links[:, L_SIB_NEXT]
     for p in range(num_blocks):
         before = NIL
         c = kid[p]

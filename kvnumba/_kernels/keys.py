@@ -144,7 +144,7 @@ def register_key(v, b, prev, keys, row, salt):
     set_logged(v, flags, FIELD.block_flags, b, new_flags)
     if new_flags & F_REGISTERED:
         note_event(v, EVENT_STORED, b)
-        policy_registered(v, b, prev, False)
+        policy_registered(v, b, prev, 0)
 
 
 @inlined

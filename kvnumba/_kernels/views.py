@@ -36,9 +36,13 @@ from kvnumba._state import (
     STATE_FIELDS,
 )
 
+#: The fields of the views: every scratch field, and every state field but those the policy code
+#: carves itself (``Field.viewed``).
+VIEWED = tuple(f for f in (*STATE_FIELDS, *SCRATCH_FIELDS) if f.viewed)
+
 Views = NamedTuple(
     "Views",
-    [(f.name, np.ndarray) for f in (*STATE_FIELDS, *SCRATCH_FIELDS)]
+    [(f.name, np.ndarray) for f in VIEWED]
     + [("arena", np.ndarray), ("scratch", np.ndarray), ("pool", np.ndarray)],
 )
 Views.__doc__ = "Every state and scratch field of a manager as a view, plus the three arenas."
@@ -52,8 +56,7 @@ def array_type(dtype, ndim: int = 1) -> types.Array:
 #: numba's type of a :data:`Views` tuple, for helpers that state their signature: the views
 #: of a manager without a page pool (its ``pool`` is the C-contiguous scratch arena).
 VIEWS = types.NamedTuple(
-    [array_type(f.dtype, len(f.dims)) for f in (*STATE_FIELDS, *SCRATCH_FIELDS)]
-    + [array_type(np.uint8)] * 3,
+    [array_type(f.dtype, len(f.dims)) for f in VIEWED] + [array_type(np.uint8)] * 3,
     Views,
 )
 #: The views of a manager on a page pool: ``pool`` is the pool's arena typed with layout
@@ -129,7 +132,7 @@ def generate() -> str:
         f"    g = carve(scratch, 0, ({HEADER_BYTES // 8},), np.int64)",
         "    return Views(",
     ]
-    lines += [_carve("arena", "h", STATE_FIELDS, i) for i in range(len(STATE_FIELDS))]
+    lines += [_carve("arena", "h", STATE_FIELDS, i) for i, f in enumerate(STATE_FIELDS) if f.viewed]
     lines += [_carve("scratch", "g", SCRATCH_FIELDS, i) for i in range(len(SCRATCH_FIELDS))]
     lines += ["        arena,", "        scratch,", "        pool,", "    )", ""]
     return "\n".join(lines)
