@@ -295,7 +295,7 @@ def leave_cache(v, b, how):
         return
     flags = v.block_flags[b]
     if flags & F_ORPHAN:
-        _set_flags(v, b, flags & ~F_ORPHAN)
+        _set_flags(v, b, flags ^ F_ORPHAN)  # xor: ~F_ORPHAN overflows uint8 as Python
     elif pol_links(v)[b, L_PARENT] >= 0:
         p = np.int64(pol_links(v)[b, L_PARENT])
         _unlink_kid(v, b, p)
