@@ -18,6 +18,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from eviction_scenarios import hold, make, use
 
 import kvnumba
 from kvnumba import InvariantViolation, PoolExhausted
@@ -26,50 +27,6 @@ from kvnumba.eviction import EVICTION_POLICIES, SIMULATOR_POLICIES
 from kvnumba.reference import ReferenceBlockManager
 
 IMPLS = pytest.mark.parametrize("impl", [kvnumba.BlockManager, ReferenceBlockManager])
-
-
-class Evicted:
-    """``on_evict`` recording the evicted block ids and payloads in order."""
-
-    def __init__(self):
-        self.blocks: list[int] = []
-        self.tokens: list[tuple[int, ...]] = []
-
-    def __call__(self, ids, hashes, tokens):
-        self.blocks += ids.tolist()
-        self.tokens += [tuple(row) for row in tokens.tolist()]
-
-
-def make(impl, num_blocks, policy, **kw):
-    log = Evicted()
-    mgr = impl(
-        num_blocks,
-        2,
-        max_seqs=16,
-        eviction=policy,
-        on_evict=log,
-        _hindsight=policy == "oracle",
-        **kw,
-    )
-    return mgr, log
-
-
-def use(mgr, tokens, times=1) -> list[int]:
-    """Admit ``tokens`` as one prompt and release it, ``times`` times; the cached tokens."""
-    cached = []
-    for _ in range(times):
-        result = mgr.admit(tokens, [len(tokens)])
-        mgr.release(result.ids)
-        cached.append(int(result.num_cached_tokens[0]))
-        mgr.check()
-    return cached
-
-
-def hold(mgr, tokens) -> int:
-    (seq,) = mgr.new_sequences(1)
-    mgr.append([seq], [len(tokens)], tokens)
-    mgr.check()
-    return int(seq)
 
 
 # ---------------------------------------------------------------- names and validation

@@ -8,7 +8,7 @@ evicts), :func:`policy_hit`, :func:`policy_registered` and :func:`policy_unregis
 For an LRU manager each hook is nothing (the victim is the LRU head): which version a call
 site gets is decided when numba types it, by the type of the views (:func:`.views.is_policy`:
 a policy manager's kernels take the state arena typed with layout ``'A'``). The LRU kernels are
-therefore compiled without any of this code, exactly as before. A policy manager's kernels
+therefore compiled without any of this code. A policy manager's kernels
 call the out-of-line functions below, which switch on ``meta[M_POLICY]`` at run time: all four
 policies compile together, once, the first time any of them is chosen.
 

@@ -161,8 +161,7 @@ def check_policy_state(st, seen):
 
 
 def policy_check(pst, pseen):
-    """:func:`check_policy_state`; ``(0, 0, 0)`` for an LRU manager (parameters named apart
-    from the caller's variables, as the hooks of :mod:`.eviction`)."""
+    """:func:`check_policy_state`; ``(0, 0, 0)`` for an LRU manager."""
     if pst.meta[M_POLICY]:
         return check_policy_state(pst, pseen)
     return 0, 0, 0

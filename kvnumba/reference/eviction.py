@@ -117,7 +117,30 @@ class LruPolicy:
 
 
 @dataclass(kw_only=True)
-class LfuPolicy(LruPolicy):
+class HitCounting(LruPolicy):
+    """Base of the policies that count prefix hits per block (``lfu``, ``sieve``).
+
+    Attributes
+    ----------
+    value : list of int
+        Per block, its prefix hits since it was registered (``sieve``'s hand clears it).
+    """
+
+    value: list[int] = field(repr=False)
+
+    @classmethod
+    def _fresh(cls, num_blocks: int) -> dict:
+        return {**super()._fresh(num_blocks), "value": [0] * num_blocks}
+
+    def registered(self, block: int, parent: int) -> None:
+        self.value[block] = 0
+
+    def hit(self, block: int) -> None:
+        self.value[block] += 1
+
+
+@dataclass(kw_only=True)
+class LfuPolicy(HitCounting):
     """``lfu``: LFU with dynamic aging; evict the smallest ``(prio, stamp)``.
 
     Attributes
@@ -131,19 +154,8 @@ class LfuPolicy(LruPolicy):
     """
 
     name: ClassVar[str] = "lfu"
-    value: list[int] = field(repr=False)
     prio: dict[int, int] = field(default_factory=dict, repr=False)
     age: int = 0
-
-    @classmethod
-    def _fresh(cls, num_blocks: int) -> dict:
-        return {**super()._fresh(num_blocks), "value": [0] * num_blocks}
-
-    def registered(self, block: int, parent: int) -> None:
-        self.value[block] = 0
-
-    def hit(self, block: int) -> None:
-        self.value[block] += 1
 
     def entered(self, block: int) -> None:
         super().entered(block)
@@ -172,7 +184,7 @@ class LfuPolicy(LruPolicy):
 
 
 @dataclass(kw_only=True)
-class SievePolicy(LruPolicy):
+class SievePolicy(HitCounting):
     """``sieve``: SIEVE's hand over the release order; evict the first block not hit since the
     hand last passed it.
 
@@ -186,18 +198,7 @@ class SievePolicy(LruPolicy):
     """
 
     name: ClassVar[str] = "sieve"
-    value: list[int] = field(repr=False)
     hand: int | None = None
-
-    @classmethod
-    def _fresh(cls, num_blocks: int) -> dict:
-        return {**super()._fresh(num_blocks), "value": [0] * num_blocks}
-
-    def registered(self, block: int, parent: int) -> None:
-        self.value[block] = 0
-
-    def hit(self, block: int) -> None:
-        self.value[block] += 1
 
     def leaving(self, block: int, lru) -> None:
         if self.hand == block:
