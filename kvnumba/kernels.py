@@ -278,7 +278,7 @@ def prepare(names=PLAIN, stream=None, policy: bool = False) -> None:
         _announced = True  # said here, not again through logging
         print(
             f"kvnumba: compiling {len(missing)} kernels for this machine (first run only; "
-            "`kvnumba compile` does it ahead of time) ...",
+            f"`kvnumba compile{' --policies' if policy else ''}` does it ahead of time) ...",
             file=stream,
             flush=True,
         )
