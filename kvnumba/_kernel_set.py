@@ -81,22 +81,24 @@ class KernelSet:
         Whether the manager is on a page pool: each kernel with a page variant is bound to it
         and takes the pool's arena after the manager's two (``Arenas.call_args``).
     policy : bool
-        Whether its eviction policy is not LRU: each kernel is bound to its policy version
-        (the one-request kernels have none; such a manager never calls them).
+        Whether its eviction policy is not LRU: each kernel is bound to its policy version,
+        but the one-request kernels, which have none (such a manager calls only their lookup,
+        which reads the state).
     """
 
     __slots__ = (*KERNEL_NAMES, "__weakref__")
 
     def __init__(self, paged: bool, policy: bool = False):
         for name in KERNEL_NAMES:
+            version = policy and name not in ONE_REQUEST
             entry = name + "_paged" if paged and name + "_paged" in SIGNATURES else name
-            if (entry, policy) in _LOADED:
-                setattr(self, name, _LOADED[entry, policy])
+            if (entry, version) in _LOADED:
+                setattr(self, name, _LOADED[entry, version])
             elif paged and name not in LAZY and name not in ONE_REQUEST:
                 # Compiled now, never under the page pool's lock (other processes would wait).
-                setattr(self, name, load(entry, policy))
+                setattr(self, name, load(entry, version))
             else:
-                setattr(self, name, Lazy(self, name, entry, policy))
+                setattr(self, name, Lazy(self, name, entry, version))
 
     def close(self) -> None:
         """Make every kernel raise ``ValueError`` (a closed manager)."""

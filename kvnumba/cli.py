@@ -112,8 +112,7 @@ def _compile(args: list[str]) -> int:
         from kvnumba import kernels
 
         kernels.notice_given()  # this command is the ahead-of-time compile: no hint to run it
-        lru = tuple(n for n in kernels.SIGNATURES if n not in kernels.POLICY_ONLY)
-        names = kernels.ENGINE if options.engine else lru
+        names = kernels.ENGINE if options.engine else kernels.LRU
         if options.group is not None:
             names = kernels.ENGINE_GROUPS[options.group]
         later = [n for n in names if n in kernels.ENGINE_AFTER] if options.group is not None else []

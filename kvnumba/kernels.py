@@ -15,8 +15,8 @@ import time
 from numba.core import config, types
 
 from kvnumba._kernels import _cache_dirs, check_cache_once, ensure_fresh_cache, entry
-from kvnumba._kernels.jit import compile_paged_twins, compile_twins
-from kvnumba._kernels.views import VIEWS_POLICY, VIEWS_POLICY_PAGED
+from kvnumba._kernels.jit import compile_twins
+from kvnumba._kernels.views import VIEWS_PAGED, VIEWS_POLICY, VIEWS_POLICY_PAGED
 
 log = logging.getLogger("kvnumba")
 _announced = False
@@ -95,6 +95,8 @@ LAZY = frozenset(
 )
 #: Kernels that exist only for a manager whose eviction policy is not LRU.
 POLICY_ONLY = frozenset({"k_set_next_use"})
+#: Every kernel an LRU manager can call (``kvnumba compile``).
+LRU = tuple(name for name in SIGNATURES if name not in POLICY_ONLY)
 #: The one-request kernels (``append_one``, ``admit_one``): never run on a page pool; they take
 #: each arena as its address and size.
 ONE_REQUEST = frozenset(
@@ -147,7 +149,7 @@ def compiled(name: str, policy: bool = False):
     if policy:
         compile_twins(VIEWS_POLICY_PAGED if name in WITH_PAGES else VIEWS_POLICY)
     elif name in WITH_PAGES:
-        compile_paged_twins()  # the helpers' versions for views with the page code
+        compile_twins(VIEWS_PAGED)  # the helpers' versions for views with the page code
     signature = (*SIGNATURES[name], *arena_types(name, policy))
     if signature not in dispatcher.overloads and not is_cached(name, policy):
         _announce()
@@ -227,9 +229,7 @@ def compile_all(names=None, progress=None, policy: bool = False) -> dict[str, fl
         :data:`ONE_REQUEST` kernel has one).
     """
     spent = {}
-    if names is None:
-        names = [n for n in SIGNATURES if policy or n not in POLICY_ONLY]
-    for name in names:
+    for name in names or (SIGNATURES if policy else LRU):
         if policy and name in ONE_REQUEST:
             continue
         start = time.process_time()

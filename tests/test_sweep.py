@@ -262,6 +262,7 @@ def test_warm_kernels_compiles_every_entry_kernel(monkeypatch):
     monkeypatch.setattr(kernels, "compiled", lambda name, policy=False: seen.append((name, policy)))
     sweeps.warm_kernels()
     lru = [name for name in kernels.SIGNATURES if name not in kernels.POLICY_ONLY]
+    assert list(kernels.LRU) == lru
     assert seen == [(name, False) for name in lru]
     # A grid with a policy other than LRU: also the policy versions its simulations run.
     seen.clear()

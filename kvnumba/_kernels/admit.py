@@ -28,7 +28,6 @@ from kvnumba._state import (
     M_PREFIX_HITS,
     M_PREFIX_QUERIES,
     M_SLOT_TOP,
-    NIL,
     S_EV_N,
     S_EV_PAYLOAD,
     S_EVT_N,
@@ -348,8 +347,7 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
         append_general(arena, scratch, pool, io, growth, np.int64(0))
         if key_rows is not None:
             for pos in range(num_hits, key_rows.counts[p]):
-                prev = np.int64(v.seq_table[slot, pos - 1] if pos > 0 else NIL)
-                register_key(v, v.seq_table[slot, pos], prev, key_rows.keys, row + pos, salt)
+                register_key(v, slot, pos, key_rows.keys, row + pos, salt)
             row += key_rows.counts[p]
         num_cached_tokens[p] = cached
         ok[p] = True

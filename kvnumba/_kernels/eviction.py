@@ -67,8 +67,8 @@ P_LFU = POLICY_CODES["lfu"]
 P_SIEVE = POLICY_CODES["sieve"]
 P_LEAF = POLICY_CODES["leaf-lru"]
 P_ORACLE = POLICY_CODES["oracle"]
-#: The parent (``L_PARENT``) of a block registered under a parent hash that no block holds any more: an
-#: orphan as soon as it is cached. A root (a sequence's first block) has NIL.
+#: The parent (``L_PARENT``) of a block registered under a parent hash that no block holds any
+#: more: an orphan as soon as it is cached. A root (a sequence's first block) has NIL.
 ORPHAN_AT_BIRTH = -2
 #: How a cached block leaves the cache (:func:`leave_cache`): a prefix hit claims it, or it is
 #: evicted on request (``evict``, ``trim``, ``reset_prefix_cache``), or as the policy's victim.
@@ -200,7 +200,8 @@ def leaf_key(v, b):
 
 
 @inlined
-def _is_cached(v, b):
+def is_cached(v, b):
+    """Whether block ``b`` is cached: registered, with refcount 0 (on the LRU list)."""
     return v.ref[b] == 0 and (v.block_flags[b] & F_REGISTERED) != 0
 
 
@@ -299,7 +300,7 @@ def leave_cache(v, b, how):
     elif pol_links(v)[b, L_PARENT] >= 0:
         p = np.int64(pol_links(v)[b, L_PARENT])
         _unlink_kid(v, b, p)
-        if pol_links(v)[p, L_KID] == NIL and _is_cached(v, p):
+        if pol_links(v)[p, L_KID] == NIL and is_cached(v, p):
             heap_push(v, p)  # a leaf now
     if how != CLAIMED:
         orphan_kids(v, b)
@@ -368,7 +369,7 @@ def note_unregistered(v, b):
 def set_next_use(v, b, next_use):
     """``oracle``: the trace position of the next use of block ``b``'s content (-1: never)."""
     _set_word(v, b, W_VALUE, next_use)
-    if _is_cached(v, b):
+    if is_cached(v, b):
         _set_word(v, b, W_KEY, leaf_key(v, b))
         if pol_links(v)[b, L_POS] != NIL:
             heap_fix(v, b)

@@ -12,6 +12,7 @@ from kvnumba._kernels.eviction import (
     ORPHAN_AT_BIRTH,
     P_LFU,
     P_SIEVE,
+    is_cached,
     leaf_key,
     pol_links,
     pol_words,
@@ -20,7 +21,6 @@ from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.views import is_policy
 from kvnumba._state import (
     F_ORPHAN,
-    F_REGISTERED,
     L_GEN,
     L_HEAP,
     L_KID,
@@ -68,11 +68,6 @@ POLICY_MESSAGES = {
 
 
 @out_of_line
-def _cached(st, b):
-    return st.ref[b] == 0 and (st.block_flags[b] & F_REGISTERED) != 0
-
-
-@out_of_line
 def check_policy_state(st, seen):
     """``(0, 0, 0)`` if the policy's state is consistent, else the first violation.
 
@@ -99,7 +94,7 @@ def check_policy_state(st, seen):
         b = heap[i]
         if b < 0 or b >= num_blocks or pos[b] != i:
             return C_POLICY_HEAP, i, b
-        if not _cached(st, b) or (leaf and kid[b] != NIL):
+        if not is_cached(st, b) or (leaf and kid[b] != NIL):
             return C_POLICY_HEAP_MEMBER, b, policy
         if leaf and key[b] != leaf_key(st, np.int64(b)):
             return C_POLICY_KEY, b, key[b]
@@ -111,7 +106,7 @@ def check_policy_state(st, seen):
         hand = meta[M_HAND]
         if n != 0:
             return C_POLICY_HEAP, n, 0
-        if hand != NIL and (hand < 0 or hand >= num_blocks or not _cached(st, hand)):
+        if hand != NIL and (hand < 0 or hand >= num_blocks or not is_cached(st, hand)):
             return C_POLICY_HAND, hand, 0
         return 0, 0, 0
     if policy == P_LFU:
@@ -130,7 +125,7 @@ def check_policy_state(st, seen):
                 c < 0
                 or c >= num_blocks
                 or seen[c] != 0
-                or not _cached(st, c)
+                or not is_cached(st, c)
                 or parent[c] != p
                 or gen[p] != pgen[c]
                 or sib_prev[c] != before
@@ -143,7 +138,7 @@ def check_policy_state(st, seen):
     leaves = 0
     for b in range(num_blocks):
         orphan = (st.block_flags[b] & F_ORPHAN) != 0
-        if not _cached(st, b):
+        if not is_cached(st, b):
             if orphan:
                 return C_POLICY_ORPHAN, b, NIL
             continue

@@ -100,13 +100,6 @@ def compile_twins(views_type) -> None:
                 dispatcher.disable_compile(True)
 
 
-def compile_paged_twins() -> None:
-    """:func:`compile_twins` for the views of a manager on a page pool."""
-    from kvnumba._kernels.views import VIEWS_PAGED
-
-    compile_twins(VIEWS_PAGED)
-
-
 def inlined(signatures=None):
     """Compile a helper that LLVM inlines at every call site.
 

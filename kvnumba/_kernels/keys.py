@@ -118,11 +118,12 @@ def lookup_keys(v, keys, row, salt, prompt, has_tokens, limit, hits):
 
 
 @out_of_line
-def register_key(v, b, prev, keys, row, salt):
-    """Give full block ``b`` the key ``keys[row]`` and register it unless a matching block is
-    registered (then the first one stays, as in token mode). ``prev`` is the previous block of
-    its sequence (NIL for the first), its parent for a prefix-aware eviction policy. Logged
-    writes: an atomic admit of several prompts may roll it back."""
+def register_key(v, slot, pos, keys, row, salt):
+    """Give the full block at table position ``pos`` of sequence slot ``slot`` the key
+    ``keys[row]`` and register it unless a matching block is registered (then the first one
+    stays, as in token mode); the block before it is its parent for a prefix-aware eviction
+    policy. Logged writes: an atomic admit of several prompts may roll it back."""
+    b = v.seq_table[slot, pos]
     flags = v.block_flags
     if v.meta[M_PREFIX_CACHING] == 0 or (flags[b] & F_HASHED) != 0:
         return
@@ -144,6 +145,7 @@ def register_key(v, b, prev, keys, row, salt):
     set_logged(v, flags, FIELD.block_flags, b, new_flags)
     if new_flags & F_REGISTERED:
         note_event(v, EVENT_STORED, b)
+        prev = v.seq_table[slot, pos - 1] if pos > 0 else NIL
         policy_registered(v, b, prev, 0)
 
 
@@ -226,8 +228,7 @@ def run_set_keys(ids, starts, counts, keys, slots, arena, scratch):
         for pos in range(starts[i], starts[i] + counts[i]):
             b = v.seq_table[slots[i], pos]
             before = v.block_flags[b] & F_REGISTERED
-            prev = v.seq_table[slots[i], pos - 1] if pos > 0 else NIL
-            register_key(v, b, np.int64(prev), keys, np.int64(row), salt)
+            register_key(v, slots[i], pos, keys, np.int64(row), salt)
             if before == 0 and (v.block_flags[b] & F_REGISTERED) != 0:
                 registered += 1
             row += 1
@@ -266,6 +267,4 @@ def register_key_run(slot, start, keys, arena, scratch):
     v = views(arena, scratch, scratch)
     salt = v.seq_salt[slot]
     for r in range(keys.shape[0]):
-        pos = start + r
-        prev = v.seq_table[slot, pos - 1] if pos > 0 else NIL
-        register_key(v, v.seq_table[slot, pos], np.int64(prev), keys, np.int64(r), salt)
+        register_key(v, slot, start + r, keys, np.int64(r), salt)

@@ -346,10 +346,9 @@ def warm_kernels(policy: bool = False) -> None:
     policy : bool
         Also the kernels' versions for a policy other than LRU (a grid with such a policy).
     """
-    from kvnumba.kernels import POLICY, POLICY_ONLY, SIGNATURES, prepare
+    from kvnumba.kernels import LRU, POLICY, prepare
 
-    lru = tuple(name for name in SIGNATURES if name not in POLICY_ONLY)
-    prepare(lru, stream=sys.stderr)  # says so on stderr if it must compile
+    prepare(LRU, stream=sys.stderr)  # says so on stderr if it must compile
     if policy:
         prepare(POLICY, stream=sys.stderr, policy=True)
 
