@@ -22,6 +22,7 @@ from kvnumba.errors import (
     SequenceTooLong,
     TooManySequences,
 )
+from kvnumba._state import NULL_BLOCK
 from kvnumba.eviction import EVICTION_POLICIES
 from kvnumba.results import AdmitResult, AppendResult, BlockEvents, LookupResult, Stats
 
@@ -46,6 +47,7 @@ __all__ = [
     "InvariantViolation",
     "KVNumbaError",
     "LookupResult",
+    "NULL_BLOCK",
     "PagePool",
     "PoolExhausted",
     "Sequence",

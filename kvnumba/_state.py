@@ -16,6 +16,8 @@ from kvnumba.ids import slot_bits
 
 # --- sentinels -----------------------------------------------------------------------------------
 NIL = -1  # no block / no link / padding in block tables
+# A table entry whose block left a windowed sequence's attention window (vLLM's null block).
+NULL_BLOCK = -2
 EMPTY = -1  # empty slot of the prefix hash table; values <= -2 mark entries of evicted blocks
 
 # --- per-block flag bits (block_flags, uint8) ------------------------------------------------------

@@ -8,6 +8,7 @@ instead of private constants:
 - :class:`Meta`: the slots of ``state.meta`` (counters, stack tops, list ends);
 - :class:`BlockFlag`: the bits of ``state.block_flags``;
 - :data:`NIL`: "no block" in links, list ends and block tables;
+- :data:`NULL_BLOCK`: a table entry whose block left a windowed sequence's window;
 - :func:`seq_slot`: the row of ``state.seq_table`` (and of the other per-sequence fields) that
   holds a sequence.
 
@@ -17,10 +18,10 @@ Reading is safe between calls; the arrays change only inside a manager's calls.
 from __future__ import annotations
 
 from kvnumba import _state
-from kvnumba._state import NIL, State
+from kvnumba._state import NIL, NULL_BLOCK, State
 from kvnumba.ids import slot_bits, split_id
 
-__all__ = ["NIL", "BlockFlag", "Meta", "State", "seq_slot", "slot_mask"]
+__all__ = ["NIL", "NULL_BLOCK", "BlockFlag", "Meta", "State", "seq_slot", "slot_mask"]
 
 
 class Meta:
