@@ -43,6 +43,7 @@ from kvnumba._state import (
 from kvnumba._virtual_pages import check_pages
 from kvnumba.inputs import check_state_bytes, positive_int, switch
 from kvnumba.results import Stats
+from kvnumba.windows import window_geometry
 
 #: Eviction records and undo-log rows of a new manager's scratch arena.
 FIRST_ROWS = 64
@@ -248,14 +249,16 @@ def validated_geometry(
     block_keys,
     block_events,
     eviction=0,
+    sliding_window=None,
+    attention_chunk_size=None,
 ) -> Geometry:
     """The validated :class:`Geometry` of a new manager.
 
     Raises
     ------
     InvalidGeometry
-        For sizes out of range, a page geometry that does not fit, or reserved blocks that
-        cannot be.
+        For sizes out of range, a page geometry that does not fit, reserved blocks that
+        cannot be, or an attention window that cannot be (``kvnumba.windows``).
     TypeError
         For a switch that is not a bool, or a ``page_pool`` that is no ``PagePool``.
     """
@@ -284,6 +287,7 @@ def validated_geometry(
     )
     if not 0 <= hash_bits <= 64:
         raise bad("_hash_bits must be in [0, 64]")
+    window, chunk = window_geometry(sliding_window, attention_chunk_size, block_size)
     return Geometry(
         num_blocks=num_blocks,
         block_size=block_size,
@@ -297,6 +301,8 @@ def validated_geometry(
         block_events=block_events,
         hash_bits=hash_bits,
         eviction=eviction,
+        window=window,
+        chunk=chunk,
     )
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from kvnumba import errors as E
 from kvnumba._engine_keys import key_array
 from kvnumba._kernels.entry import ADMIT_ONE_CACHED, ADMIT_ONE_ID, APPEND_ONE_RESULT, STATUS
+from kvnumba._state import NIL
 from kvnumba.ids import split_id
 from kvnumba.inputs import CAP_NONE, INT64, NO_KEYS, NO_TOKENS, UINT64, index_array
 
@@ -221,7 +222,8 @@ class OneRequest:
             key_counts=[keys.shape[0]],
             max_hit_blocks=max_hit_blocks,
         )
-        return result.block_ids[0][result.block_ids[0] >= 0].astype(np.int64)
+        # -1 pads the row; a windowed prompt's leading NULL_BLOCK entries count as cached.
+        return result.block_ids[0][result.block_ids[0] != NIL].astype(np.int64)
 
     def table_row(self, seq_id) -> np.ndarray:
         """The block table row of a live sequence: a read-only view of the state.

@@ -74,6 +74,9 @@ M_HAND = 36  # sieve: the hand (a cached block), or NIL
 # Victims a policy chose that it must never choose: a referenced block, or under the leaf
 # policies one with cached children (``check()`` reports any; a correct policy keeps it 0).
 M_POLICY_FAULTS = 37
+# Windowed attention (``kvnumba.windows``; both 0 for full attention, at most one set).
+M_WINDOW = 38  # sliding window in tokens
+M_CHUNK = 39  # chunked local attention: tokens per chunk
 
 # --- columns of the eviction policies' per-block fields (``pol_words``, ``pol_links``) ------------
 W_VALUE = 0  # lfu, sieve: hits since registration; oracle: the next use (-1: never)
@@ -242,6 +245,12 @@ STATE_FIELDS = (
     Field("seq_salt", np.int64, ("seqs",), "Prefix-cache salt of every slot."),
     Field("seq_live", np.uint8, ("seqs",), "1 while the slot holds a live sequence."),
     Field(
+        "seq_anchor",
+        np.uint64,
+        ("seqs", "two"),
+        "Windowed attention: (hash, 1 if known) of the last block that left the window.",
+    ),
+    Field(
         "slot_stack",
         np.int32,
         ("seqs",),
@@ -343,6 +352,8 @@ class Geometry(NamedTuple):
         Bits kept of the chained hash (64 but in collision tests).
     eviction : int
         The eviction policy's code (``kvnumba.eviction.POLICY_CODES``); 0 = LRU.
+    window, chunk : int
+        Sliding window and attention chunk in tokens (``kvnumba.windows``); 0 = unset.
     """
 
     num_blocks: int
@@ -357,6 +368,8 @@ class Geometry(NamedTuple):
     block_events: bool = False
     hash_bits: int = 64
     eviction: int = 0
+    window: int = 0
+    chunk: int = 0
 
     @property
     def num_pages(self) -> int:
@@ -421,6 +434,7 @@ def state_dims(g: Geometry) -> dict[str, int]:
         "four": 4,
         "table": table_capacity(g.num_blocks),
         "seqs": g.max_seqs,
+        "two": 2,
         "blocks_per_seq": g.blocks_per_seq,
         "meta": META_SIZE,
         "pages": g.num_pages,
@@ -478,6 +492,8 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
     meta[M_EVENTS] = 1 if g.block_events else 0
     meta[M_POLICY] = g.eviction
     meta[M_HAND] = NIL
+    meta[M_WINDOW] = g.window
+    meta[M_CHUNK] = g.chunk
     if g.eviction:
         for column in (L_POS, L_PARENT, L_KID, L_SIB_PREV, L_SIB_NEXT):
             state.pol_links[:, column] = NIL

@@ -31,6 +31,8 @@ ST_BAD_KEY_COUNT = 15
 ST_BAD_CAP = 16  # a negative max_hit_blocks
 ST_BAD_KEY_POSITION = 17  # set_keys: a position that is not a full block of the sequence
 ST_KEY_CONFLICT = 18  # set_keys: a block that already has another key
+# truncate: a cut whose window would reach a block that already left it (windowed managers)
+ST_WINDOW_GAP = 19
 
 
 class KVNumbaError(Exception):
@@ -271,7 +273,8 @@ def _bad_key_position(f: Failure) -> Exception:
     full = f.facts.seq_len(seq_id) // f.facts.block_size
     return ValueError(
         f"key positions {start} .. {start + count - 1} of sequence {seq_id} are not all full "
-        f"blocks (it holds {full} full blocks)"
+        f"blocks it holds (it has {full} full blocks; a windowed sequence no longer holds "
+        "those that left its window)"
     )
 
 
@@ -302,6 +305,10 @@ STATUS_ERRORS: dict[int, Callable[[Failure], Exception]] = {
     ST_BAD_KEY_POSITION: _bad_key_position,
     ST_KEY_CONFLICT: lambda f: ValueError(
         f"a block of sequence {_at(f, 'ids')} already has another key"
+    ),
+    ST_WINDOW_GAP: lambda f: ValueError(
+        f"new_lens[{f.bad}] = {_at(f, 'new_lens')}: sequence {_at(f, 'ids')} cut to that "
+        "length would need blocks that already left its attention window"
     ),
 }
 

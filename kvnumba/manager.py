@@ -105,6 +105,14 @@ class BlockManager:
         Record stored/removed block events, drained by :meth:`take_events`.
     eviction : str, default "lru"
         The eviction policy, one of ``kvnumba.EVICTION_POLICIES`` (``docs/eviction.md``).
+    sliding_window : int, optional
+        Sliding-window attention of ``W`` tokens: blocks no later token can reach leave each
+        sequence as it grows, and a prompt's hit needs only its last window
+        (``docs/windows.md``).
+    attention_chunk_size : int, optional
+        Chunked local attention with chunks of ``C`` tokens (a multiple of ``block_size``):
+        blocks before the current chunk leave each sequence as it grows. Not with
+        ``sliding_window``.
 
     Notes
     -----
@@ -128,12 +136,16 @@ class BlockManager:
         block_keys: bool = False,
         block_events: bool = False,
         eviction: str = "lru",
+        sliding_window: int | None = None,
+        attention_chunk_size: int | None = None,
         _hash_bits: int = 64,
         _hindsight: bool = False,
     ):
         switches = {"prefix_caching": prefix_caching, "block_keys": block_keys}
         switches["block_events"] = block_events
         switches["eviction"] = policy_code(eviction, hindsight=_hindsight)
+        switches["sliding_window"] = sliding_window
+        switches["attention_chunk_size"] = attention_chunk_size
         pages = (page_pool, blocks_per_page)
         sizes = (num_blocks, block_size, max_seqs, max_seq_len, reserved_blocks, _hash_bits)
         geometry = validated_geometry(*sizes, *pages, **switches)
@@ -180,6 +192,12 @@ class BlockManager:
     prefix_caching = _geometry_property("prefix_caching", "Whether full blocks are cached.")
     block_keys = _geometry_property("block_keys", "Whether blocks carry engine keys.")
     eviction = property(lambda self: self._policy.name, doc="The eviction policy's name.")
+    sliding_window = property(
+        lambda self: self._geometry.window or None, doc="Sliding window in tokens (or None)."
+    )
+    attention_chunk_size = property(
+        lambda self: self._geometry.chunk or None, doc="Attention chunk in tokens (or None)."
+    )
     id_tag = property(lambda self: self._id_tag, doc="The tag of this manager's ids.")
     page_pool = property(lambda self: self._pages and self._pages.pool, doc="Its PagePool.")
     blocks_per_page = property(

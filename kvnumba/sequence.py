@@ -84,10 +84,13 @@ class Sequence:
 
     @property
     def tokens(self) -> np.ndarray:
-        """Copy of the token payload (int64; -1 for tokens appended without ids)."""
+        """Copy of the token payload (int64; -1 for tokens appended without ids, and for
+        those whose blocks left a window)."""
         table = self.table
         length = len(self)
-        return self._manager.state.tokens[table].reshape(-1)[:length].copy()
+        payload = self._manager.state.tokens[table]  # a copy
+        payload[table < 0] = -1  # NULL_BLOCK: the block left the window
+        return payload.reshape(-1)[:length]
 
     def _check_position(self, pos) -> tuple[int, int]:
         if self.released:
@@ -101,12 +104,16 @@ class Sequence:
         return pos, self._manager.block_size
 
     def token_at(self, pos: int) -> int:
-        """Token id at position ``pos`` (-1 if it was appended without an id)."""
+        """Token id at position ``pos`` (-1 if it was appended without an id, or its block
+        left a window)."""
         pos, block_size = self._check_position(pos)
         block = self.block_for(pos)
+        if block < 0:
+            return -1
         return int(self._manager.state.tokens[block, pos % block_size])
 
     def block_for(self, pos: int) -> int:
-        """Physical block that holds position ``pos``."""
+        """Physical block that holds position ``pos`` (``kvnumba.NULL_BLOCK`` once it left a
+        window)."""
         pos, block_size = self._check_position(pos)
         return int(self._manager.block_tables([self._id])[0, pos // block_size])

@@ -410,6 +410,7 @@ _LOGGED = (
     "seq_gen",
     "seq_salt",
     "seq_live",
+    "seq_anchor",
     "page_phys",
     "page_free",
     "page_used",

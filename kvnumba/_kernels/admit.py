@@ -16,6 +16,12 @@ from kvnumba._kernels.sequences import open_slot
 from kvnumba._kernels.undo import log_write, policy_log_rows_kernel, undo_log_rows_kernel
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
+from kvnumba._kernels.windows import (
+    prompt_anchor,
+    set_anchor,
+    windowed,
+    windowed_prompt_hits,
+)
 from kvnumba._state import (
     FIELD,
     M_CACHED,
@@ -110,7 +116,8 @@ def lookup_prefix(v, prompt, salt, limit, hits):
 
     At most ``limit`` blocks are looked up (the caller's cap, never more than
     ``(len(prompt) - 1) // block_size``: the last prompt token is always computed); the walk
-    stops at the first miss. Returns the :class:`.PromptHits`. Once per prompt, out of line.
+    stops at the first miss, but for a windowed manager, whose rule (``windowed_prompt_hits``)
+    then decides. Returns the :class:`.PromptHits`. Once per prompt, out of line.
     """
     if v.meta[M_PREFIX_CACHING] == 0:
         return PromptHits(0, 0, limit)
@@ -118,10 +125,15 @@ def lookup_prefix(v, prompt, salt, limit, hits):
     parent = root_hash()
     num_hits = 0
     num_cached = 0
+    win = windowed(v)
     for pos in range(limit):
         chunk = prompt[pos * block_size : (pos + 1) * block_size]
         h = chain_hash(parent, salt, chunk, v.meta[M_HASH_BITS])
         b = table_find(v, h, salt, chunk)
+        if win:
+            hits[pos] = b  # a window's hit is decided once every position is looked up
+            parent = h
+            continue
         if b < 0:
             break
         hits[num_hits] = b
@@ -129,6 +141,8 @@ def lookup_prefix(v, prompt, salt, limit, hits):
         if v.ref[b] == 0:
             num_cached += 1
         parent = h
+    if win:
+        return windowed_prompt_hits(v, hits, limit, prompt.shape[0])
     return PromptHits(num_hits, num_cached, limit)
 
 
@@ -151,7 +165,22 @@ def prompt_hits(v, prompts, key_rows, caps, p, start, row, hits):
         # compiled admit fewer): its blocks are found by their token hashes.
         return lookup_prefix(v, prompt, salt, limit, hits)
     limit = min(limit, key_rows.counts[p])
-    return lookup_keys(v, key_rows.keys, row, salt, prompt, prompts.has_tokens, limit, hits)
+    return lookup_keys(
+        v, key_rows.keys, row, salt, prompt, length, prompts.has_tokens, limit, hits
+    )
+
+
+@out_of_line
+def admit_anchor(v, prompts, slot, start, first):
+    """The anchor of a windowed sequence just admitted with ``first`` leading ``NULL_BLOCK``
+    entries: the chained hash of its prompt's block ``first - 1`` (token ids and token hashes
+    only; else none)."""
+    known = first > 0 and prompts.has_tokens and v.meta[M_KEYED] == 0
+    h = np.uint64(0)
+    if known:
+        prompt = prompts.tokens[start : start + first * v.tokens.shape[1]]
+        h = prompt_anchor(v, prompt, v.seq_salt[slot], first)
+    set_anchor(v, slot, h, 1 if known else 0)
 
 
 @inlined
@@ -326,21 +355,27 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
         opened = open_slot(v, salt)
         slot = opened.slot
         ids[p] = opened.seq_id
+        claimed = 0
         for pos in range(num_hits):
             b = hits[pos]
+            log_write(v, FIELD.seq_table, slot * width + pos, v.seq_table[slot, pos])
+            v.seq_table[slot, pos] = b
+            if b < 0:
+                continue  # NULL_BLOCK: a windowed prompt does not need this block
             policy_hit(v, b)
             if v.ref[b] == 0:
                 claim_cached(v, b)
             log_write(v, FIELD.ref, b, v.ref[b])
             v.ref[b] += 1
-            log_write(v, FIELD.seq_table, slot * width + pos, v.seq_table[slot, pos])
-            v.seq_table[slot, pos] = b
+            claimed += 1
+        if windowed(v):
+            admit_anchor(v, prompts, slot, start, num_hits - claimed)
         cached = num_hits * block_size
         log_write(v, FIELD.seq_len, slot, v.seq_len[slot])
         v.seq_len[slot] = cached
         if meta[M_PREFIX_CACHING] != 0:
             meta[M_PREFIX_QUERIES] += found.queries  # the cap and the keys bound it
-            meta[M_PREFIX_HITS] += num_hits
+            meta[M_PREFIX_HITS] += claimed
         # ``has_tokens`` is a run-time bool: the same compiled append_general as append's, not
         # a copy specialised on a constant.
         growth = Growth(slot, length - cached, start + cached, out)

@@ -13,6 +13,7 @@ from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
+from kvnumba._kernels.windows import drop_out_of_window, window_gain, windowed
 from kvnumba._state import (
     F_KNOWN,
     F_TRIMMED,
@@ -215,7 +216,7 @@ def append_tokens(v, io, growth, num_cow):
         # A block completed without token ids has unknown content: never hashed.
         if has_tokens and offset + n == block_size:
             parent = seq_table[slot, pos - 1] if pos > 0 else -1
-            register_full_block(v, b, parent, v.seq_salt[slot])
+            register_full_block(v, b, parent, v.seq_salt[slot], slot)
     log_write(v, FIELD.seq_len, slot, length)
     v.seq_len[slot] = length + count
     return num_cow
@@ -345,13 +346,16 @@ def total_need(v, slots, counts, dropped):
 @out_of_line
 def append_need(ids, counts, slots, dropped, arena, scratch, pool):
     """``can_append``: validate like ``append``, then the blocks an atomic append takes and
-    what is available now; returns an :class:`.Outcome` (its ``count`` is 0)."""
+    what is available to it (with the blocks its windows release); returns an :class:`.Outcome` (its ``count`` is 0)."""
     v = views(arena, scratch, pool)
     check = validate_growth(v, ids, counts, ids[:0], False, slots)
     if check.status != ST_OK:
         return Outcome(check.status, check.bad, 0, 0, 0)
     needed = total_need(v, slots, counts, dropped)
-    return Outcome(ST_OK, -1, needed, free_now(v) + v.meta[M_CACHED], 0)
+    available = free_now(v) + v.meta[M_CACHED]
+    if windowed(v):
+        available += window_gain(v, slots, counts)
+    return Outcome(ST_OK, -1, needed, available, 0)
 
 
 @out_of_line
@@ -379,8 +383,12 @@ def run_append(inputs, results, arena, scratch, pool):
     for i in range(slots.shape[0]):
         if counts[i] > 0:
             needed += blocks_of(counts[i], block_size) + 1
+    win = windowed(v)
     if needed > available:
         needed = total_need(v, slots, counts, results.cow_src)
+        if win:
+            # The blocks the call's windows release count for the call.
+            available += window_gain(v, slots, counts)
         if atomic and needed > available:
             scr[S_SHORT] = needed - available
             return Outcome(ST_POOL_EXHAUSTED, -1, needed, available, 0)
@@ -397,15 +405,27 @@ def run_append(inputs, results, arena, scratch, pool):
     scr[S_MAP_N] = 0
     scr[S_UNMAP_N] = 0
     io = AppendIO(inputs.tokens, inputs.has_tokens, slot_mapping, results.cow_src, results.cow_dst)
-    remaining = available
+    remaining = free + meta[M_CACHED]
+    if win and atomic:
+        # Every sequence's out-of-window blocks go before any sequence grows.
+        for i in range(slots.shape[0]):
+            if counts[i] > 0:
+                drop_out_of_window(v, slots[i])
     offset = np.int64(0)
     for i in range(slots.shape[0]):
         # An atomic call already knows that everything fits; otherwise each sequence's need is
-        # exact when taken just before it is served.
+        # exact when taken just before it is served, against what is left plus what its own
+        # window releases.
         need = 0
+        gain = 0
         if not atomic:
             need = blocks_needed(slots[i], counts[i], v.ref, block_size, v.seq_table, v.seq_len)
-        if need <= remaining:
+            if win and counts[i] > 0:
+                gain = window_gain(v, slots[i : i + 1], counts[i : i + 1])
+        if need <= remaining + gain:
+            if win and not atomic and counts[i] > 0:
+                drop_out_of_window(v, slots[i])
+            remaining += gain
             growth = Growth(slots[i], counts[i], offset, offset)
             if not append_in_block(v, io, growth):
                 num_cow = append_general(arena, scratch, pool, io, growth, num_cow)

@@ -55,6 +55,7 @@ from kvnumba._state import (
     M_PREFIX_CACHING,
     M_USED,
     NIL,
+    NULL_BLOCK,
     S_EV_N,
     S_EV_PAYLOAD,
     S_LOG_ON,
@@ -191,18 +192,24 @@ def drop_ref(v, b):
 
 
 @inlined
-def register_full_block(v, b, parent_block, salt):
+def register_full_block(v, b, parent_block, salt, slot):
     """Hash a block that just became full and register it unless an equal block is registered.
 
-    ``parent_block`` is the previous block of the same sequence (NIL for the first block). A
-    block whose content or whose parent's hash is unknown stays unhashed.
+    ``parent_block`` is the previous block of sequence slot ``slot`` (NIL for the first block,
+    ``NULL_BLOCK`` when it left a window: the sequence's anchor holds its hash). A block whose
+    content or whose parent's hash is unknown stays unhashed.
     """
     flags = v.block_flags
     # With engine keys (``block_keys``) blocks are registered by their keys only.
     if v.meta[M_PREFIX_CACHING] == 0 or (flags[b] & F_KNOWN) == 0 or v.meta[M_KEYED] != 0:
         return
-    if parent_block < 0:
+    if parent_block == NIL:
         parent = root_hash()
+    elif parent_block == NULL_BLOCK:
+        if v.seq_anchor[slot, 1] == 0:
+            return
+        parent = v.seq_anchor[slot, 0]
+        parent_block = NIL  # a root of the cached prefix forest
     elif flags[parent_block] & F_HASHED:
         parent = v.block_hash[parent_block]
     else:

@@ -14,6 +14,7 @@ from kvnumba._kernels.keys import key_hash
 from kvnumba._kernels.physical_pages import O_CLIENT, O_VIRTUAL, pool_views
 from kvnumba._kernels.prefix import chain_hash, root_hash
 from kvnumba._kernels.views import header_entry, views
+from kvnumba._kernels.windows import first_needed
 from kvnumba._state import (
     EMPTY,
     F_HASHED,
@@ -44,6 +45,7 @@ from kvnumba._state import (
     M_USED,
     M_VTOP,
     NIL,
+    NULL_BLOCK,
 )
 
 # Codes of the violations check_state reports (0: consistent).
@@ -77,6 +79,7 @@ C_BUCKET_COUNT = 27
 C_CACHE_ONLY = 28
 C_CACHE_ONLY_COUNT = 29
 C_RESERVED = 30
+C_WINDOW = 31
 
 MESSAGES = {
     C_BAD_LENGTH: "sequence slot {a}: length {b} is negative or beyond max_seq_len",
@@ -112,6 +115,8 @@ MESSAGES = {
     "older stamp than its predecessor",
     C_CACHE_ONLY_COUNT: "cache-only list holds {a} pages but {b} mapped pages have no referenced block",
     C_RESERVED: "reserved block {a} is referenced, flagged, listed or has a payload",
+    C_WINDOW: "sequence slot {a}: {b} leading table entries left the window, more than its "
+    "length allows (or a full-attention manager released some)",
     **POLICY_MESSAGES,
 }
 
@@ -274,14 +279,21 @@ def check_state(arena, scratch, pool, counts, seen, marks):
         if length < 0 or length > meta[M_MAX_SEQ_LEN]:
             return C_BAD_LENGTH, s, length
         nblocks = blocks_of(length, block_size)
+        gone = 0  # leading entries whose blocks left the window
         for pos in range(width):
             b = seq_table[s, pos]
             if pos < nblocks:
+                if b == NULL_BLOCK and pos == gone:
+                    gone += 1
+                    continue
                 if b < 0 or b >= num_blocks:
                     return C_TABLE_OUT_OF_RANGE, s, pos
                 counted[b] += 1
             elif b != NIL:
                 return C_TABLE_PAST_END, s, pos
+        # A block is released only once no token the sequence computes next can reach it.
+        if gone > first_needed(st, length):
+            return C_WINDOW, s, gone
         fill = length % block_size
         # A tail a truncation cut while it was shared (F_TRIMMED) may end inside content and a
         # hash that are another holder's, or were: the next append into it reclaims it.
@@ -295,7 +307,7 @@ def check_state(arena, scratch, pool, counts, seen, marks):
         if keyed:
             # Engine keys: a hashed block's table hash is its key's, and its salt the
             # sequence's (keys may be given in any order, so no walk stops early).
-            for pos in range(length // block_size):
+            for pos in range(gone, length // block_size):
                 b = seq_table[s, pos]
                 if (block_flags[b] & F_HASHED) != 0 and (
                     block_hash[b] != key_hash(st.block_key, b, meta[M_HASH_BITS])
@@ -303,9 +315,14 @@ def check_state(arena, scratch, pool, counts, seen, marks):
                 ):
                     return C_HASH_MISMATCH, s, pos
             continue
-        # Recompute the chained hash along the sequence's hashed full blocks.
+        # Recompute the chained hash along the sequence's hashed full blocks (from the anchor
+        # after the blocks that left the window).
         parent = root_hash()
-        for pos in range(length // block_size):
+        if gone > 0:
+            if st.seq_anchor[s, 1] == 0:
+                continue
+            parent = st.seq_anchor[s, 0]
+        for pos in range(gone, length // block_size):
             b = seq_table[s, pos]
             if (block_flags[b] & F_HASHED) == 0:
                 break

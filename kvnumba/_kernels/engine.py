@@ -13,12 +13,14 @@ from kvnumba._kernels.outcomes import Outcome, Status
 from kvnumba._kernels.prefix import table_purge_evicted, table_remove
 from kvnumba._kernels.sequences import resolve_ids
 from kvnumba._kernels.views import views
+from kvnumba._kernels.windows import window_gap, windowed
 from kvnumba._state import (
     F_REGISTERED,
     F_TRIMMED,
     M_CACHED,
     M_LRU_HEAD,
     NIL,
+    NULL_BLOCK,
     S_EV_N,
     S_EV_PAYLOAD,
     S_EVT_N,
@@ -33,6 +35,7 @@ from kvnumba.errors import (
     ST_NEED_BUFFERS,
     ST_OK,
     ST_TOKEN_MISMATCH,
+    ST_WINDOW_GAP,
 )
 
 
@@ -51,7 +54,8 @@ def run_truncate(ids, new_lens, slots, arena, scratch, pool):
     """Shorten each sequence ``ids[i]`` to ``new_lens[i]`` tokens; returns a :class:`.Status`.
 
     Validation order: lengths of both arrays, negative lengths, then each id in input order
-    (unknown or released, duplicate), then lengths beyond the sequence's.
+    (unknown or released, duplicate), then lengths beyond the sequence's, then (windowed
+    managers) cuts that would need a block that left the window.
     """
     if new_lens.shape[0] != ids.shape[0]:
         return Status(ST_TOKEN_MISMATCH, -1)
@@ -66,6 +70,10 @@ def run_truncate(ids, new_lens, slots, arena, scratch, pool):
     for i in range(ids.shape[0]):
         if new_lens[i] > seq_len[slots[i]]:
             return Status(ST_BAD_NEW_LEN, i)
+    if windowed(v):
+        for i in range(ids.shape[0]):
+            if new_lens[i] < seq_len[slots[i]] and window_gap(v, slots[i], new_lens[i]) >= 0:
+                return Status(ST_WINDOW_GAP, i)
     _begin(v)
     block_size = v.tokens.shape[1]
     for i in range(ids.shape[0]):
@@ -153,8 +161,12 @@ def run_reset_prefix_cache(arena, scratch, pool):
     for s in range(seq_table.shape[0]):
         if v.seq_live[s] == 0:
             continue
+        if windowed(v):
+            v.seq_anchor[s, 1] = 0  # nothing chains on content computed before the reset
         for pos in range(blocks_of(v.seq_len[s], block_size)):
             b = seq_table[s, pos]
+            if b == NULL_BLOCK:
+                continue
             if block_flags[b] & F_REGISTERED:
                 table_remove(v, b)
                 policy_unregistered(v, b)

@@ -19,6 +19,7 @@ from kvnumba._kernels.prefix import table_insert
 from kvnumba._kernels.sequences import resolve, resolve_ids
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
+from kvnumba._kernels.windows import windowed, windowed_prompt_hits
 from kvnumba._state import (
     EMPTY,
     F_HASHED,
@@ -29,6 +30,7 @@ from kvnumba._state import (
     M_KEYED,
     M_PREFIX_CACHING,
     NIL,
+    NULL_BLOCK,
     S_EV_N,
     S_EVT_N,
     S_FAILED,
@@ -91,29 +93,36 @@ def table_find_key(v, h, salt, keys, row, probe, has_probe):
 
 
 @inlined
-def lookup_keys(v, keys, row, salt, prompt, has_tokens, limit, hits):
+def lookup_keys(v, keys, row, salt, prompt, length, has_tokens, limit, hits):
     """Registered blocks matching the prompt's leading keys, in order, into ``hits``.
 
-    The prompt's keys start at ``keys[row]``; ``limit`` blocks are looked up at most (its
-    keys, the last prompt token, which is always computed, and the caller's cap: see
-    ``prompt_hits``); the walk stops at the first miss. ``prompt`` holds the prompt's tokens
-    when ``has_tokens``. Returns the :class:`.PromptHits`.
+    The prompt (``length`` tokens) has its keys from ``keys[row]`` on; ``limit`` blocks are
+    looked up at most (its keys, the last prompt token, which is always computed, and the
+    caller's cap: see ``prompt_hits``); the walk stops at the first miss, but for a windowed
+    manager, whose rule (``windowed_prompt_hits``) then decides. ``prompt`` holds the prompt's
+    tokens when ``has_tokens``. Returns the :class:`.PromptHits`.
     """
     if v.meta[M_PREFIX_CACHING] == 0:
         return PromptHits(0, 0, limit)
     block_size = v.tokens.shape[1]
     num_hits = 0
     num_cached = 0
+    win = windowed(v)
     for pos in range(limit):
         probe = prompt[pos * block_size : (pos + 1) * block_size] if has_tokens else prompt[:0]
         h = key_hash(keys, row + pos, v.meta[M_HASH_BITS])
         b = table_find_key(v, h, salt, keys, row + pos, probe, has_tokens)
+        if win:
+            hits[pos] = b  # a window's hit is decided once every position is looked up
+            continue
         if b < 0:
             break
         hits[num_hits] = b
         num_hits += 1
         if v.ref[b] == 0:
             num_cached += 1
+    if win:
+        return windowed_prompt_hits(v, hits, limit, length)
     return PromptHits(num_hits, num_cached, limit)
 
 
@@ -204,6 +213,8 @@ def run_set_keys(ids, starts, counts, keys, slots, arena, scratch):
         full = v.seq_len[slots[i]] // block_size
         if starts[i] < 0 or counts[i] < 0 or counts[i] > full - starts[i]:
             return Outcome(ST_BAD_KEY_POSITION, i, 0, 0, 0)
+        if counts[i] > 0 and v.seq_table[slots[i], starts[i]] == NULL_BLOCK:
+            return Outcome(ST_BAD_KEY_POSITION, i, 0, 0, 0)  # left the window (a prefix)
         rows += counts[i]
     if rows != keys.shape[0]:
         return Outcome(ST_BAD_KEY_COUNT, -1, 0, 0, 0)
@@ -255,6 +266,8 @@ def check_key_run(seq_id, count, start, keys, arena, scratch):
         pos = start + r
         if pos < held:
             b = v.seq_table[slot, pos]
+            if b == NULL_BLOCK:
+                return Status(ST_BAD_KEY_POSITION, 0)
             if (v.block_flags[b] & F_HASHED) != 0 and not _same_words(v.block_key[b], keys[r]):
                 return Status(ST_KEY_CONFLICT, 0)
     return Status(ST_OK, -1)

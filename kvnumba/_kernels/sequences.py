@@ -23,6 +23,7 @@ from kvnumba._state import (
     M_SLOT_BITS,
     M_SLOT_TOP,
     NIL,
+    NULL_BLOCK,
     S_EV_N,
     S_EVT_N,
     S_FAILED,
@@ -152,8 +153,14 @@ def run_release(slots, arena, scratch, pool):
     for i in range(slots.shape[0]):
         slot = slots[i]
         for pos in range(blocks_of(v.seq_len[slot], block_size) - 1, -1, -1):
-            drop_ref(v, seq_table[slot, pos])
+            b = seq_table[slot, pos]
             seq_table[slot, pos] = NIL
+            if b == NULL_BLOCK:
+                # Left a window, and so did every position below (a prefix): NIL them all.
+                for below in range(pos):
+                    seq_table[slot, below] = NIL
+                break
+            drop_ref(v, b)
         v.seq_len[slot] = 0
         v.seq_salt[slot] = 0
         v.seq_live[slot] = 0
@@ -183,8 +190,12 @@ def run_fork(slots, children, arena, scratch):
             seq_len[slot] = length
             for pos in range(nblocks):
                 seq_table[slot, pos] = seq_table[parent, pos]
+            v.seq_anchor[slot, 0] = v.seq_anchor[parent, 0]
+            v.seq_anchor[slot, 1] = v.seq_anchor[parent, 1]
         for pos in range(nblocks):
-            v.ref[seq_table[parent, pos]] += n
+            b = seq_table[parent, pos]
+            if b != NULL_BLOCK:
+                v.ref[b] += n
     return ST_OK
 
 
