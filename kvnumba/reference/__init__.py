@@ -29,8 +29,17 @@ Model state (``N = num_blocks``):
 * ``_policy``: the eviction policy's state (``reference.eviction``), which picks the victim of
   an allocation among ``_lru``.
 * ``_free``: the LIFO free stack (bottom..top); every free block is scrubbed and unhashed.
-* per sequence slot: ``_gen``, ``_live``, ``_table`` (block ids), ``_len``, ``_salt``;
-  ``_slots`` is the LIFO stack of free slots.
+* per sequence slot: ``_gen``, ``_live``, ``_table`` (block ids), ``_len``, ``_salt``,
+  ``_anchor``; ``_slots`` is the LIFO stack of free slots.
+
+Windowed attention (``docs/windows.md``; ``_window`` / ``_chunk`` in tokens, 0 when unset, at
+most one set): a table entry whose block left the window is ``NULL_BLOCK`` (-2), never a block
+id; those entries are a prefix of the table, below the sequence's first needed block, and hold
+no reference. ``_anchor[slot]`` is the hash of the highest-position block that left the window
+(``None`` when none left or it had no hash): the parent hash of the block that fills right
+after the gap, so that a windowed sequence registers the keys a full-attention one would. The
+rules themselves (first needed block, the hit of a windowed prompt) are ``kvnumba.windows``'s,
+called as they are.
 
 With a page pool (:class:`ReferencePagePool`, ``blocks_per_page = k``, ``P = N / k`` virtual
 pages; block ``b`` lives in page ``b // k``) ``_free`` stays empty and free blocks live in pages
@@ -59,8 +68,8 @@ The package splits the model along the seams of the kernels (each module says wh
 * ``keys``: engine block keys and block events (prompt parsing, hits, ``lookup``,
   ``set_keys``, ``take_events``, the keyed part of ``check()``);
 * ``pages``: virtual pages on a page pool (buckets, map/unmap, sibling reclaim, trim);
-* ``calls``: ``append``, ``admit``, ``can_append`` and the call bookkeeping (snapshot, rollback,
-  callbacks);
+* ``calls``: ``append``, ``admit``, ``can_append``, the window drops of ``append`` and the call
+  bookkeeping (snapshot, rollback, callbacks);
 * ``engine``: ``truncate``, ``evict``, ``reset_prefix_cache``;
 * ``checks``: ``check()``, the invariants recomputed from scratch;
 * ``manager``: :class:`ReferenceBlockManager`, composed of the mixins above.

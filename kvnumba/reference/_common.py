@@ -31,6 +31,7 @@ _STATE = (
     "_table",
     "_len",
     "_salt",
+    "_anchor",  # windowed attention: the parent hash across each sequence's gap
     "_trimmed",
     "_unknown",
     "_slots",

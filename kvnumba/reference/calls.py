@@ -1,8 +1,8 @@
 """The model's allocating calls: ``append``, ``admit``, ``can_append`` and their bookkeeping.
 
-Growing a sequence (new blocks, copy-on-write of a shared tail), snapshots and rollback of an
-atomic call, sibling reclaim on ``PoolExhausted`` and the delivery of a committed call's
-callbacks.
+Growing a sequence (new blocks, copy-on-write of a shared tail), releasing the blocks that left
+a windowed sequence's window (``docs/windows.md``), snapshots and rollback of an atomic call,
+sibling reclaim on ``PoolExhausted`` and the delivery of a committed call's callbacks.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from kvnumba.reference._common import (
 )
 from kvnumba.reference.keys import _Prompt
 from kvnumba.results import AdmitResult, AppendResult
+from kvnumba.windows import NULL_BLOCK, first_needed_block
 
 
 class CallsMixin:
@@ -85,6 +86,58 @@ class CallsMixin:
             if offset == bs - 1:
                 self._register_if_full(slot, len(table) - 1)
         self._len[slot] = n + count
+
+    # ------------------------------------------------------------------ windows
+
+    def _window_drops(self, slot: int) -> list[int]:
+        """Table positions of ``slot`` that left its window and still hold a block, highest
+        first (the order they are released in, as :meth:`release` goes tail first).
+
+        The released positions are a prefix of the table, so the scan down from the first
+        needed block stops at the first ``NULL_BLOCK``. Empty for full attention.
+        """
+        table = self._table[slot]
+        first = first_needed_block(self._len[slot], self._block_size, self._window, self._chunk)
+        drops: list[int] = []
+        for j in range(first - 1, -1, -1):
+            if table[j] == NULL_BLOCK:
+                break
+            drops.append(j)
+        return drops
+
+    def _window_gain(self, slots: list[int]) -> int:
+        """Blocks whose last reference the window drops of ``slots`` (in order) release.
+
+        Simulated on counts, nothing changed: a block two of them share counts once, when its
+        last reference goes. Each such block becomes cached or free, one more available block
+        (with a page pool too: a page it empties is unmapped, and mappable again).
+        """
+        dropped: dict[int, int] = {}
+        gain = 0
+        for slot in slots:
+            table = self._table[slot]
+            for j in self._window_drops(slot):
+                block = table[j]
+                dropped[block] = dropped.get(block, 0) + 1
+                if dropped[block] == self._ref[block]:
+                    gain += 1
+        return gain
+
+    def _drop_window(self, slot: int) -> None:
+        """Release the blocks that left ``slot``'s window, highest position first; their
+        entries become ``NULL_BLOCK``.
+
+        The anchor takes the hash of the highest one first (a dropped block may be scrubbed):
+        the block that fills after the gap chains onto it.
+        """
+        table = self._table[slot]
+        drops = self._window_drops(slot)
+        if drops:
+            self._anchor[slot] = self._hash[table[drops[0]]]
+        for j in drops:
+            block = table[j]
+            table[j] = NULL_BLOCK
+            self._drop_ref(block)
 
     # ------------------------------------------------------------------ call bookkeeping
 
@@ -201,7 +254,15 @@ class CallsMixin:
             Bad ids or growth beyond ``max_seq_len``.
         PoolExhausted
             Atomic mode only, when the call needs more blocks than available (free plus
-            cached, plus mappable pages times ``blocks_per_page``) even after sibling reclaim.
+            cached, plus mappable pages times ``blocks_per_page``, plus the blocks the call's
+            window drops release) even after sibling reclaim.
+
+        Notes
+        -----
+        A windowed manager first releases, for every sequence grown by at least one token,
+        the blocks below its first needed block (``docs/windows.md``): an atomic call all of
+        them before it grows any, a non-atomic one each sequence's right before it grows it
+        (a sequence that does not fit keeps them).
         """
         slots, counts, tokens = self._validate_append(ids, counts, tokens)
         return self._run(lambda: self._append(slots, counts, tokens, atomic), atomic)
@@ -209,24 +270,34 @@ class CallsMixin:
     def _append(self, slots, counts, tokens, atomic: bool) -> AppendResult:
         """One attempt of :meth:`append` on validated input (callbacks left pending)."""
         self._begin_call()
-        available = self._available()
         if atomic:
             pending: dict[int, int] = {}
             needed = sum(
                 self._append_need(s, c, pending) for s, c in zip(slots, counts, strict=True)
             )
+            grown = [s for s, c in zip(slots, counts, strict=True) if c]
+            # What the window drops release counts for the call (nothing dropped yet).
+            available = self._available() + self._window_gain(grown)
             if needed > available:
                 raise _exhausted(needed, available, needed - available)
+            for slot in grown:  # every drop before any growth
+                self._drop_window(slot)
         out: list[int] = []
         cow: list[tuple] = []
         ok = np.ones(len(slots), dtype=bool)
         start = 0
         for i, (slot, count) in enumerate(zip(slots, counts, strict=True)):
             chunk = None if tokens is None else tokens[start : start + count]
-            if not atomic and self._append_need(slot, count, {}) > self._available():
-                ok[i] = False
+            if atomic:
+                self._grow(slot, count, chunk, out, cow)
+            elif self._append_need(slot, count, {}) > self._available() + self._window_gain(
+                [slot] if count else []
+            ):
+                ok[i] = False  # untouched, its out-of-window blocks included
                 out.extend([-1] * count)
             else:
+                if count:
+                    self._drop_window(slot)
                 self._grow(slot, count, chunk, out, cow)
             start += count
         if not ok.all():
@@ -253,14 +324,15 @@ class CallsMixin:
         slots, counts, _ = self._validate_append(ids, counts, None)
         pending: dict[int, int] = {}
         needed = sum(self._append_need(s, c, pending) for s, c in zip(slots, counts, strict=True))
+        gain = self._window_gain([s for s, c in zip(slots, counts, strict=True) if c])
         if self._pool is None:
-            return needed <= self._available()
+            return needed <= self._available() + gain
         # Sibling reclaim can add the siblings' cache-only pages to the pool's free ones, as
         # far as this manager has virtual pages to map them to.
         free_mapped = sum(len(blocks) for blocks in self._page_free)
         pages = self._pool.num_free + self._cache_only_pages_of_siblings()
         mappable = min(pages, len(self._unmapped))
-        return needed <= free_mapped + len(self._lru) + mappable * self._k
+        return needed <= free_mapped + len(self._lru) + mappable * self._k + gain
 
     def _admit_one(self, p: _Prompt):
         """Admit prompt ``p`` if it fits now.
@@ -269,14 +341,20 @@ class CallsMixin:
         ``(id, cached tokens, slot mapping)`` or ``None`` if it did not fit (nothing changed).
         """
         bs, length = self._block_size, p.length
-        hits = self._hits(p)
-        k = len(hits)
+        hits, anchor = self._prompt_hits(p)
+        k = len(hits)  # NULL_BLOCK entries included: the positions a windowed prompt skips
         needed = _blocks_for(length, bs) - k
-        cached_hits = sum(1 for b in hits if self._ref[b] == 0)
+        cached_hits = self._cached_hits(hits)
         if needed > self._available() - cached_hits:
             return needed, None
         slot = self._take_slot(p.salt)
+        self._anchor[slot] = anchor
+        claimed = 0
         for block in hits:  # claim the hits before allocating, so they are never evicted
+            if block == NULL_BLOCK:  # not needed: no block, no reference
+                self._table[slot].append(block)
+                continue
+            claimed += 1
             if self._ref[block] == 0:
                 self._uncache(block)
                 if self._pool is not None:  # its page holds a referenced block again
@@ -287,13 +365,17 @@ class CallsMixin:
         self._len[slot] = k * bs
         if self._prefix_caching:
             self._counters["prefix_queries"] += self._hit_limit(p)
-            self._counters["prefix_hits"] += k
+            self._counters["prefix_hits"] += claimed
         out: list[int] = []
         rest = None if p.tokens is None else p.tokens[k * bs :]
         self._grow(slot, length - k * bs, rest, out, [])
         # Keys after allocation: its evictions' removed events precede its stored ones.
         self._register_keys(slot, p, k)
         return needed, (self._seq_id(slot), k * bs, out)
+
+    def _cached_hits(self, hits: list[int]) -> int:
+        """Hits that are cached blocks (claiming them uses up capacity); ``NULL_BLOCK`` is none."""
+        return sum(1 for b in hits if b != NULL_BLOCK and self._ref[b] == 0)
 
     def _prompt_need(self, p: _Prompt) -> int:
         return _blocks_for(p.length, self._block_size) - len(self._hits(p))
@@ -337,8 +419,10 @@ class CallsMixin:
         -------
         AdmitResult
             ``ids`` (-1 if failed), ``num_cached_tokens`` (whole reused blocks, leaving at least
-            one token uncached; 0 if failed), ``slot_mapping`` of the uncached tokens in prompt
-            order (all ``length`` tokens -1 for a failed prompt), ``ok``.
+            one token uncached; 0 if failed; a windowed prompt's count includes the blocks
+            below its window, which its table holds as ``NULL_BLOCK``), ``slot_mapping`` of
+            the uncached tokens in prompt order (all ``length`` tokens -1 for a failed prompt),
+            ``ok``.
 
         Raises
         ------
@@ -381,7 +465,7 @@ class CallsMixin:
                 # later prompts: hits looked up at the failure point, before the rollback
                 later = sum(self._prompt_need(q) for q in prompts[i + 1 :])
                 # What the call lacks here: this prompt's cached hits use up capacity too.
-                cached_hits = sum(1 for b in self._hits(p) if self._ref[b] == 0)
+                cached_hits = self._cached_hits(self._hits(p))
                 shortfall = needed + later - (self._available() - cached_hits)
                 needed += needed_so_far + later
                 if snap is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvnumba.errors import InvariantViolation
 from kvnumba.reference._common import ROOT_HASH, _blocks_for, _hash64
+from kvnumba.windows import NULL_BLOCK, first_needed_block
 
 
 class ChecksMixin:
@@ -30,17 +31,34 @@ class ChecksMixin:
         for slot in range(self._max_seqs):
             table, length = self._table[slot], self._len[slot]
             if not self._live[slot]:
-                if table or length:
-                    fail(f"free slot {slot} holds blocks or tokens")
+                if table or length or self._anchor[slot] is not None:
+                    fail(f"free slot {slot} holds blocks, tokens or an anchor")
                 continue
             if len(table) != _blocks_for(length, bs) or length > self._max_seq_len:
                 fail(f"slot {slot}: {len(table)} blocks for {length} tokens")
+            # Windowed: the positions that left the window (NULL_BLOCK) are a prefix of the
+            # table, below the first block the sequence still needs; full attention has none.
+            gone = 0
+            while gone < len(table) and table[gone] == NULL_BLOCK:
+                gone += 1
+            if NULL_BLOCK in table[gone:]:
+                fail(f"slot {slot}: NULL_BLOCK entries are not a prefix of its table")
+            needed = first_needed_block(length, bs, self._window, self._chunk)
+            if gone > needed:
+                fail(f"slot {slot}: {gone} positions left the window, it needs block {needed}")
             for j, block in enumerate(table):
+                if block == NULL_BLOCK:
+                    continue
                 if not 0 <= block < nb:
                     fail(f"slot {slot} references block {block} out of range")
                 refs[block] += 1
                 key = self._key[block]
-                prev = ROOT_HASH if j == 0 else self._hash[table[j - 1]]
+                if j == 0:
+                    prev = ROOT_HASH
+                elif table[j - 1] == NULL_BLOCK:  # across the gap: the anchor
+                    prev = self._anchor[slot]
+                else:
+                    prev = self._hash[table[j - 1]]
                 if chained and key is not None and (key[0] != prev or key[1] != self._salt[slot]):
                     fail(f"block {block} of slot {slot}: hash chain or salt mismatch")
                 full = (j + 1) * bs <= length

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kvnumba.reference._common import _as_int_array, _blocks_for
 from kvnumba.results import BlockEvents
+from kvnumba.windows import NULL_BLOCK, first_needed_block
 
 
 class EngineMixin:
@@ -33,7 +34,8 @@ class EngineMixin:
         Raises
         ------
         TypeError, ValueError
-            Bad input, duplicate ids, a length out of range.
+            Bad input, duplicate ids, a length out of range, or (windowed) a length whose first
+            needed block already left the window: the shorter sequence would need it again.
         InvalidSequence, SequenceReleased
         """
         ids = _as_int_array(ids, "ids")
@@ -48,6 +50,16 @@ class EngineMixin:
             if new > self._len[slot]:
                 raise ValueError(f"new length {new} exceeds the {self._len[slot]} tokens held")
         bs = self._block_size
+        for i, (slot, new) in enumerate(zip(slots, new_lens, strict=True)):
+            # The released positions are the table's prefix [0, gone): a length that needs
+            # one of them again is refused (also why truncation never pops a NULL_BLOCK).
+            gone = self._leading_nulls(slot)
+            needed = first_needed_block(new, bs, self._window, self._chunk)
+            if needed < gone:
+                raise ValueError(
+                    f"ids[{i}]: length {new} needs table position {needed}, which already "
+                    f"left the window"
+                )
         self._begin_call()
         for slot, new in zip(slots, new_lens, strict=True):
             if new == self._len[slot]:
@@ -68,6 +80,15 @@ class EngineMixin:
                 # while it is shared, or reclaims it once it is this sequence's alone.
                 self._trimmed.add(cut)
         self._commit_call()
+
+    def _leading_nulls(self, slot: int) -> int:
+        """Table positions of ``slot`` that left the window (a prefix of its table)."""
+        gone = 0
+        for block in self._table[slot]:
+            if block != NULL_BLOCK:
+                break
+            gone += 1
+        return gone
 
     def _reclaim_tail(self, block: int, fill: int) -> None:
         """Make ``block`` the unshared partial tail of the one sequence holding its first
@@ -116,7 +137,8 @@ class EngineMixin:
 
     def reset_prefix_cache(self) -> int:
         """Evict every cached block (LRU head first); unhash the blocks of live sequences
-        and mark them of unknown content.
+        and mark them of unknown content, and forget their anchors (the hash of a block that
+        left the window is forgotten as a held block's is).
 
         Returns
         -------
@@ -129,8 +151,10 @@ class EngineMixin:
             self._evict_to_free(block)
         for slot in range(self._max_seqs):
             if self._live[slot]:
+                self._anchor[slot] = None
                 for block in self._table[slot]:
-                    self._unhash(block)
-                    self._unknown.add(block)
+                    if block != NULL_BLOCK:
+                        self._unhash(block)
+                        self._unknown.add(block)
         self._commit_call()
         return len(evicted)

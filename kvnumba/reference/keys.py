@@ -11,7 +11,8 @@ unregistered, as a token-mode duplicate keeps its chained hash.
 A key hits when a registered block has an equal key (all 256 bits and the salt) and, when both
 the block's content and the query's tokens are known, equal tokens. The hits of a prompt are
 the longest run of its leading keys that hit, capped by ``max_hit_blocks`` and by the
-last-token rule (at most ``(length - 1) // block_size``).
+last-token rule (at most ``(length - 1) // block_size``); a windowed manager's, the prefix
+``window_hit`` picks (``docs/windows.md``).
 
 Block events (``block_events=True``, either mode) are ``(kind, block, key words)`` records in
 ``_events``, part of the snapshot so that a rolled-back call leaves none: stored when a block
@@ -30,6 +31,7 @@ from kvnumba.inputs import hit_caps, key_rows
 from kvnumba.reference._common import _as_int_array
 from kvnumba.reference.eviction import ROOT
 from kvnumba.results import BlockEvents, LookupResult
+from kvnumba.windows import NULL_BLOCK, window_hit
 
 
 class _Prompt(NamedTuple):
@@ -151,33 +153,62 @@ class KeysMixin:
         return limit
 
     def _hits(self, p: _Prompt) -> list[int]:
-        """Registered blocks matching the leading full blocks of ``p`` (stops at a miss)."""
+        """The ``k`` hit blocks of ``p``: ``NULL_BLOCK`` at the positions below the needed ones
+        (a windowed prompt), then the registered blocks to claim."""
+        return self._prompt_hits(p)[0]
+
+    def _prompt_hits(self, p: _Prompt) -> tuple[list[int], int | None]:
+        """The hits of ``p`` (see :meth:`_hits`) and the anchor of a sequence admitted with them.
+
+        Full attention: the registered blocks matching the leading full blocks, up to the
+        first miss. Windowed: every position below the limit is looked up, misses included,
+        and ``window_hit`` picks the prefix. The anchor is the chained hash of the prompt's
+        block before the first needed one (token mode; ``None`` otherwise): a block that fills
+        right after the gap chains onto it.
+        """
         if not self._prefix_caching:
-            return []
+            return [], None
         limit = self._hit_limit(p)
-        if not self._block_keys:
-            return self._lookup_prefix(p.tokens, p.salt)[:limit]
+        if not (self._window or self._chunk):
+            if not self._block_keys:
+                return self._lookup_prefix(p.tokens, p.salt)[:limit], None
+            hits: list[int] = []
+            for j in range(limit):
+                block = self._key_hit(p, j)
+                if block < 0:
+                    break
+                hits.append(block)
+            return hits, None
+        hashes = None
+        if self._block_keys:
+            found = [self._key_hit(p, j) for j in range(limit)]
+        else:
+            found, hashes = self._chain_prefix(p.tokens, p.salt, limit)
+        k, first = window_hit(found, limit, p.length, self._block_size, self._window, self._chunk)
+        anchor = hashes[first - 1] if first and hashes is not None else None
+        return [NULL_BLOCK] * first + found[first:k], anchor
+
+    def _key_hit(self, p: _Prompt, j: int) -> int:
+        """The registered block that keyed block ``j`` of ``p`` hits, or -1."""
+        block = self._prefix.get((p.salt, *p.keys[j]))
+        if block is None:
+            return -1
+        # Tokens are compared only where both sides know them (no trust in the key alone).
         bs = self._block_size
-        hits: list[int] = []
-        for j in range(limit):
-            block = self._prefix.get((p.salt, *p.keys[j]))
-            if block is None:
-                break
-            # Tokens are compared only where both sides know them (no trust in the key alone).
-            if (
-                p.tokens is not None
-                and block not in self._unknown
-                and self._tokens[block] != p.tokens[j * bs : (j + 1) * bs]
-            ):
-                break
-            hits.append(block)
-        return hits
+        if (
+            p.tokens is not None
+            and block not in self._unknown
+            and self._tokens[block] != p.tokens[j * bs : (j + 1) * bs]
+        ):
+            return -1
+        return block
 
     def _set_key(self, block: int, key: tuple, prev: int) -> None:
         """Give ``block`` the key ``(salt, w0, w1, w2, w3)``; register it if the key is new.
 
-        ``prev`` is the block before it in the sequence being keyed (-1 at position 0): its
-        parent in the prefix forest if it is registered (the engine's chain is not known here).
+        ``prev`` is the block before it in the sequence being keyed (-1 at position 0,
+        ``NULL_BLOCK`` after a window's gap): its parent in the prefix forest if it is
+        registered (the engine's chain is not known here); ``ROOT`` when it is no block.
         """
         self._key[block] = key
         self._hash[block] = key[1]
@@ -188,7 +219,11 @@ class KeysMixin:
             self._policy.registered(block, parent)
 
     def _register_keys(self, slot: int, p: _Prompt, hits: int) -> None:
-        """After ``admit`` allocated prompt ``p`` in ``slot``: key its non-hit keyed blocks."""
+        """After ``admit`` allocated prompt ``p`` in ``slot``: key its non-hit keyed blocks.
+
+        Every one is a block (the ``NULL_BLOCK`` entries are hits); the one after a window's
+        gap gets ``NULL_BLOCK`` as ``prev``, so it is a root of the prefix forest.
+        """
         if not (self._block_keys and self._prefix_caching):
             return
         table = self._table[slot]
@@ -217,7 +252,8 @@ class KeysMixin:
         -------
         LookupResult
             ``num_cached_tokens`` int64 per prompt, ``block_ids`` int32 ``[n, width]`` padded
-            with -1 (``width`` the most hits).
+            with -1 (``width`` the most hits); a windowed prompt's row holds ``NULL_BLOCK``
+            at the positions below the blocks it would claim.
 
         Raises
         ------
@@ -267,7 +303,8 @@ class KeysMixin:
         ------
         ValueError
             Without ``block_keys=True``, bad shapes or counts, a position that is not a full
-            block, a block that already has a different key (also within this call).
+            block or that left a windowed sequence's window (``NULL_BLOCK``), a block that
+            already has a different key (also within this call).
         TypeError
             Non-integer input.
         InvalidSequence, SequenceReleased
@@ -305,6 +342,8 @@ class KeysMixin:
                 block = self._table[slot][j]
                 key = (self._salt[slot], *rows[r])
                 r += 1
+                if block == NULL_BLOCK:  # left the window: the sequence holds no block there
+                    raise ValueError(f"position {j} of ids[{i}] left the window: no block to key")
                 current = planned.get(block, self._key[block])
                 if current is not None and current != key:
                     raise ValueError(f"block {block} (position {j} of ids[{i}]) has another key")
@@ -335,7 +374,7 @@ class KeysMixin:
                 continue
             table = self._table[slot]
             for j, block in enumerate(table):
-                key = self._key[block]
+                key = None if block == NULL_BLOCK else self._key[block]
                 if key is None:
                     continue
                 if key[0] != self._salt[slot]:

@@ -34,6 +34,7 @@ from kvnumba.reference.pages import PagesMixin
 from kvnumba.reference.pool import ReferencePagePool
 from kvnumba.reference.prefix import PrefixMixin
 from kvnumba.results import Stats
+from kvnumba.windows import NULL_BLOCK, window_geometry
 
 
 class ReferenceBlockManager(
@@ -81,6 +82,13 @@ class ReferenceBlockManager(
         Record stored/removed block events for :meth:`take_events`.
     eviction : str, default "lru"
         The eviction policy, a name of ``kvnumba.EVICTION_POLICIES`` (``docs/eviction.md``).
+    sliding_window : int, optional
+        Windowed attention (``docs/windows.md``): the token at position ``p`` attends to
+        ``p - sliding_window + 1 .. p``; the blocks that leave the window are released.
+    attention_chunk_size : int, optional
+        Chunked local attention: the token at ``p`` attends to its own chunk of this many
+        tokens (a multiple of ``block_size``). At most one of the two; neither is full
+        attention.
     _hash_bits : int, default 64
         Accepted for the kernels' test knob (it narrows their table hash to force collisions);
         the model compares whole keys, so it changes nothing here.
@@ -92,7 +100,9 @@ class ReferenceBlockManager(
     ------
     InvalidGeometry
         If a size argument is smaller than 1, if only one of ``page_pool`` and
-        ``blocks_per_page`` is given, or if ``blocks_per_page`` does not divide ``num_blocks``.
+        ``blocks_per_page`` is given, if ``blocks_per_page`` does not divide ``num_blocks``,
+        or for a bad attention kind (both set, below 1, a chunk not a multiple of
+        ``block_size``).
     ValueError
         If ``eviction`` names no policy (or ``"oracle"`` without ``_hindsight``).
 
@@ -121,6 +131,8 @@ class ReferenceBlockManager(
         block_keys: bool = False,
         block_events: bool = False,
         eviction: str = "lru",
+        sliding_window: int | None = None,
+        attention_chunk_size: int | None = None,
         _hash_bits: int = 64,
         _hindsight: bool = False,
     ):
@@ -158,6 +170,10 @@ class ReferenceBlockManager(
         if not 0 <= _as_int(_hash_bits, "_hash_bits") <= 64:
             raise InvalidGeometry("_hash_bits must be in [0, 64]")
         policy_code(eviction, hindsight=bool(_hindsight))  # ValueError for an unknown name
+        # Tokens of the sliding window and of an attention chunk, 0 when unset (kvnumba.windows).
+        self._window, self._chunk = window_geometry(
+            sliding_window, attention_chunk_size, block_size
+        )
         self._block_keys = bool(block_keys)
         self._block_events = bool(block_events)
         self._events: list[tuple[int, int, tuple]] = []  # (kind, block, key words), undrained
@@ -207,6 +223,9 @@ class ReferenceBlockManager(
         self._table: list[list[int]] = [[] for _ in range(max_seqs)]
         self._len = [0] * max_seqs
         self._salt = [0] * max_seqs
+        # Windowed attention: the hash of the highest-position block that left the window
+        # (None: none left, or it had no hash), the parent hash of the block after the gap.
+        self._anchor: list[int | None] = [None] * max_seqs
         self._slots = list(range(max_seqs - 1, -1, -1))  # pops 0, 1, 2, ...
 
         self._counters = dict.fromkeys(_COUNTERS, 0)
@@ -260,6 +279,16 @@ class ReferenceBlockManager(
         return self._block_keys
 
     @property
+    def sliding_window(self) -> int | None:
+        """Tokens of the sliding window, or ``None``."""
+        return self._window or None
+
+    @property
+    def attention_chunk_size(self) -> int | None:
+        """Tokens per chunk of chunked local attention, or ``None``."""
+        return self._chunk or None
+
+    @property
     def eviction(self) -> str:
         """The eviction policy's name."""
         return self._policy.name
@@ -283,6 +312,7 @@ class ReferenceBlockManager(
         self._table[slot] = []  # a new list object (keeps admit snapshots valid)
         self._len[slot] = 0
         self._salt[slot] = salt
+        self._anchor[slot] = None
         return slot
 
     def _seq_id(self, slot: int) -> int:
@@ -356,7 +386,8 @@ class ReferenceBlockManager(
         Returns
         -------
         numpy.ndarray of int64, shape (m, n)
-            Child ids; children copy the parent's table, length and salt.
+            Child ids; children copy the parent's table (``NULL_BLOCK`` entries included),
+            length, salt and anchor.
 
         Raises
         ------
@@ -376,13 +407,16 @@ class ReferenceBlockManager(
                 child = self._take_slot(self._salt[parent])
                 self._table[child] = list(self._table[parent])
                 self._len[child] = self._len[parent]
+                self._anchor[child] = self._anchor[parent]
                 for block in self._table[parent]:
-                    self._ref[block] += 1
+                    if block != NULL_BLOCK:  # a position that left the window holds nothing
+                        self._ref[block] += 1
                 children[i, c] = self._seq_id(child)
         return children
 
     def release(self, ids) -> None:
-        """Release sequences in input order, dropping each one's blocks tail first.
+        """Release sequences in input order, dropping each one's blocks tail first (the
+        blocks still held: not the ``NULL_BLOCK`` entries of a windowed sequence).
 
         Parameters
         ----------
@@ -400,11 +434,13 @@ class ReferenceBlockManager(
         self._begin_call()
         for slot in slots:
             for block in reversed(self._table[slot]):
-                self._drop_ref(block)
+                if block != NULL_BLOCK:
+                    self._drop_ref(block)
             self._live[slot] = False
             self._table[slot] = []
             self._len[slot] = 0
             self._salt[slot] = 0
+            self._anchor[slot] = None
             self._slots.append(slot)
         self._commit_call()  # pages that emptied: the pool's on_unmap
 
@@ -470,7 +506,8 @@ class ReferenceBlockManager(
         Returns
         -------
         numpy.ndarray of int32, shape (len(ids), width)
-            ``width`` is the most blocks any of ``ids`` holds (0 for none).
+            ``width`` is the most table entries any of ``ids`` has (0 for none); the positions
+            that left a windowed sequence's window read ``NULL_BLOCK`` (-2).
         """
         slots = self._resolve_all(_as_int_array(ids, "ids"), unique=False)
         width = max((len(self._table[s]) for s in slots), default=0)
@@ -506,9 +543,15 @@ class ReferenceBlockManager(
         return np.array(self._tokens[self._check_block(block)], dtype=np.int64)
 
     def seq_tokens(self, seq_id: int) -> np.ndarray:
-        """Token ids of a live sequence (-1 for tokens appended without ids), int64[len]."""
+        """Token ids of a live sequence (-1 for tokens appended without ids, and for the
+        positions that left a windowed sequence's window), int64[len]."""
         slot = self._resolve(_as_int(seq_id, "seq_id"))
-        flat = [t for block in self._table[slot] for t in self._tokens[block]]
+        gone = [-1] * self._block_size
+        flat = [
+            t
+            for block in self._table[slot]
+            for t in (gone if block == NULL_BLOCK else self._tokens[block])
+        ]
         return np.array(flat[: self._len[slot]], dtype=np.int64)
 
     def free_blocks(self) -> list[int]:

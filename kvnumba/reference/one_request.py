@@ -14,7 +14,9 @@ class OneRequestMixin:
     def append_one(self, seq_id, count, *, key_start=0, keys=None) -> tuple[int, int, int, int]:
         """``append([seq_id], [count])`` then ``set_keys`` of ``keys`` from ``key_start``:
         ``(blocks_before, blocks_after, cow_src, cow_dst)`` (see ``BlockManager.append_one``).
-        Positions are checked before the append, so a bad one changes nothing."""
+        Positions are checked before the append, so a bad one changes nothing: among them a
+        position that left a windowed sequence's window, or that this append's window drop
+        releases (``set_keys`` would find ``NULL_BLOCK`` there)."""
         ids = np.array([seq_id], dtype=np.int64)
         if keys is not None:
             keys = np.asarray(keys)
@@ -25,6 +27,15 @@ class OneRequestMixin:
                 raise ValueError(
                     f"key positions {key_start} .. {key_start + len(keys) - 1} of sequence "
                     f"{seq_id} are not all full blocks"
+                )
+            # The window's released positions are a prefix; after this append it reaches up
+            # to the first block the sequence needs now (count >= 1), or its NULL prefix.
+            slot = self._resolve(seq_id)
+            gone = self._leading_nulls(slot) + (len(self._window_drops(slot)) if count else 0)
+            if len(keys) and key_start < gone:
+                raise ValueError(
+                    f"key position {key_start} of sequence {seq_id} left the window: no block "
+                    f"to key"
                 )
         result = self.append(ids, np.array([count], dtype=np.int64))
         if keys is not None:
@@ -55,7 +66,9 @@ class OneRequestMixin:
         return int(result.ids[0]), int(result.num_cached_tokens[0])
 
     def lookup_one(self, *, length, salt=0, keys, max_hit_blocks=None) -> np.ndarray:
-        """``lookup`` of one keyed prompt: its hit blocks (int64)."""
+        """``lookup`` of one keyed prompt: its hit blocks (int64), ``NULL_BLOCK`` at the
+        positions a windowed prompt skips (their number times ``block_size`` is the cached
+        length)."""
         result = self.lookup(
             None,
             [length],
@@ -65,7 +78,7 @@ class OneRequestMixin:
             max_hit_blocks=max_hit_blocks,
         )
         row = result.block_ids[0]
-        return row[row >= 0].astype(np.int64)
+        return row[row != -1].astype(np.int64)  # -1 pads; NULL_BLOCK (-2) is a skipped hit
 
     def table_row(self, seq_id) -> np.ndarray:
         """The sequence's block table (a copy here: the model keeps Python lists)."""
