@@ -10,6 +10,7 @@ pure-Python model) does not load numba.
 
 from __future__ import annotations
 
+from kvnumba._state import NULL_BLOCK
 from kvnumba.errors import (
     CallbackError,
     InvalidGeometry,
@@ -22,7 +23,6 @@ from kvnumba.errors import (
     SequenceTooLong,
     TooManySequences,
 )
-from kvnumba._state import NULL_BLOCK
 from kvnumba.eviction import EVICTION_POLICIES
 from kvnumba.results import AdmitResult, AppendResult, BlockEvents, LookupResult, Stats
 

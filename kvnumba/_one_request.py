@@ -17,9 +17,10 @@ import numpy as np
 from kvnumba import errors as E
 from kvnumba._engine_keys import key_array
 from kvnumba._kernels.entry import ADMIT_ONE_CACHED, ADMIT_ONE_ID, APPEND_ONE_RESULT, STATUS
-from kvnumba._state import NIL
+from kvnumba._state import NIL, NULL_BLOCK
 from kvnumba.ids import split_id
 from kvnumba.inputs import CAP_NONE, INT64, NO_KEYS, NO_TOKENS, UINT64, index_array
+from kvnumba.windows import first_needed_block
 
 
 def as_int(value, name: str) -> int:
@@ -59,6 +60,7 @@ class OneRequest:
         # The one-request kernels that change state exist for LRU managers without a page
         # pool; other managers are served by the batched calls (lookups read state only).
         self.fast = pipeline.pages is None and g.eviction == 0
+        self.windowed = bool(g.window or g.chunk)
 
     def append_one(
         self, manager, seq_id, count, key_start, keys, tried=False
@@ -89,11 +91,20 @@ class OneRequest:
                 self.pipeline.after_commit(out)
                 return out
         ids = np.array([seq_id], dtype=np.int64)
-        if keys is not None and self.pipeline.pages is not None:
-            # On a page pool the batched calls run: the positions are checked first, so that
-            # set_keys cannot refuse them after the append committed.
-            length = int(manager.seq_lens(ids)[0]) + max(count, 0)
-            if key_start < 0 or key_start + keys.shape[0] > length // self.block_size:
+        if keys is not None and (self.pipeline.pages is not None or self.windowed):
+            # The batched calls run: the positions are checked first, so that set_keys cannot
+            # refuse them after the append committed (on a page pool; or below a window, which
+            # the append moves on).
+            before = int(manager.seq_lens(ids)[0])
+            length = before + max(count, 0)
+            low = 0
+            if self.windowed:
+                held = manager.table_row(seq_id)
+                low = int((held == NULL_BLOCK).sum())  # the released prefix
+                if count > 0 and keys.shape[0] > 0:
+                    g = self.arenas.geometry
+                    low = max(low, first_needed_block(before, g.block_size, g.window, g.chunk))
+            if key_start < low or key_start + keys.shape[0] > length // self.block_size:
                 self._bad_keys(E.ST_BAD_KEY_POSITION, seq_id, key_start, keys)
         result = manager.append(ids, np.array([count], dtype=np.int64))
         if keys is not None:

@@ -165,9 +165,7 @@ def prompt_hits(v, prompts, key_rows, caps, p, start, row, hits):
         # compiled admit fewer): its blocks are found by their token hashes.
         return lookup_prefix(v, prompt, salt, limit, hits)
     limit = min(limit, key_rows.counts[p])
-    return lookup_keys(
-        v, key_rows.keys, row, salt, prompt, length, prompts.has_tokens, limit, hits
-    )
+    return lookup_keys(v, key_rows.keys, row, salt, prompt, length, prompts.has_tokens, limit, hits)
 
 
 @out_of_line

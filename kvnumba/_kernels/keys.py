@@ -19,7 +19,7 @@ from kvnumba._kernels.prefix import table_insert
 from kvnumba._kernels.sequences import resolve, resolve_ids
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
-from kvnumba._kernels.windows import windowed, windowed_prompt_hits
+from kvnumba._kernels.windows import first_needed, windowed, windowed_prompt_hits
 from kvnumba._state import (
     EMPTY,
     F_HASHED,
@@ -262,6 +262,9 @@ def check_key_run(seq_id, count, start, keys, arena, scratch):
     if start < 0 or keys.shape[0] > full - start:
         return Status(ST_BAD_KEY_POSITION, 0)
     held = (length + block_size - 1) // block_size
+    # A windowed append first releases the blocks below its sequence's first needed position.
+    if count > 0 and windowed(v) and keys.shape[0] > 0 and start < first_needed(v, length):
+        return Status(ST_BAD_KEY_POSITION, 0)
     for r in range(keys.shape[0]):
         pos = start + r
         if pos < held:

@@ -130,7 +130,9 @@ def prompt_anchor(v, prompt, salt, first):
     block_size = v.tokens.shape[1]
     h = root_hash()
     for pos in range(first):
-        h = chain_hash(h, salt, prompt[pos * block_size : (pos + 1) * block_size], v.meta[M_HASH_BITS])
+        h = chain_hash(
+            h, salt, prompt[pos * block_size : (pos + 1) * block_size], v.meta[M_HASH_BITS]
+        )
     return h
 
 
