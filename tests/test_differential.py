@@ -99,6 +99,17 @@ class Side:
         return out
 
 
+def random_window(rng, block_size: int) -> dict:
+    """Full attention for about half the managers, else a sliding window (shorter or longer
+    than a block) or chunked local attention of one to three blocks a chunk."""
+    draw = rng.random()
+    if draw < 0.5:
+        return {}
+    if draw < 0.8:
+        return {"sliding_window": int(rng.integers(1, 3 * block_size + 2))}
+    return {"attention_chunk_size": block_size * int(rng.integers(1, 4))}
+
+
 def random_geometries(rng, paged: bool):
     """Small managers: a few blocks, short sequences, a pool smaller than their sum."""
     count = 2 if paged else 1
@@ -112,6 +123,7 @@ def random_geometries(rng, paged: bool):
             eviction=str(rng.choice(SIMULATOR_POLICIES)),
         )
         kwargs["_hindsight"] = kwargs["eviction"] in HINDSIGHT_POLICIES
+        kwargs.update(random_window(rng, block_size))
         if paged:
             k = int(rng.integers(1, 5))
             kwargs["blocks_per_page"] = k
@@ -229,6 +241,19 @@ class Differential:
             for field in ("num_cached_tokens", "slot_mapping", "ok"):
                 assert np.array_equal(getattr(kv, field), getattr(ref, field)), f"admit: {field}"
             self.live[who] += self.same_ids(kv.ids, ref.ids)
+            self.count_window_hits(who, kv)
+
+    def count_window_hits(self, who, result):
+        """Count admitted prompts whose hit starts past a released position: the window rule
+        reused blocks behind a gap (what a full-attention lookup could not)."""
+        mgr = self.kv.managers[who]
+        for seq_id, cached in zip(result.ids, result.num_cached_tokens, strict=True):
+            hit = int(cached) // mgr.block_size
+            if seq_id == -1 or hit == 0:
+                continue
+            row = mgr.block_tables([seq_id])[0][:hit]
+            if row[0] == kvnumba.NULL_BLOCK and (row >= 0).any():
+                self.counts["admit hit across a window"] += 1
 
     def fork(self, who):
         pairs = self.pick(who, 2)
@@ -309,7 +334,10 @@ class Differential:
             if live:
                 kv_ids, ref_ids = [k for k, _ in live], [r for _, r in live]
                 assert np.array_equal(kv.seq_lens(kv_ids), ref.seq_lens(ref_ids))
-                assert np.array_equal(kv.block_tables(kv_ids), ref.block_tables(ref_ids))
+                tables = kv.block_tables(kv_ids)
+                assert np.array_equal(tables, ref.block_tables(ref_ids))
+                if (tables == kvnumba.NULL_BLOCK).any():
+                    self.counts["window released blocks"] += 1
             if self.kv.pool is not None:
                 assert np.array_equal(kv.mapped_pages(), ref.mapped_pages())
                 assert kernel_cache_only(kv) == ref.cache_only_pages(), f"manager {who}"
@@ -372,6 +400,8 @@ def test_differential_against_the_reference(capsys):
         "new_sequences raised TooManySequences",
         "trim",
         "copy-on-write",
+        "window released blocks",
+        "admit hit across a window",
         "sibling reclaim",
         "evict callback",
         "map callback",

@@ -17,6 +17,7 @@ import kvnumba
 from kvnumba._state import F_TRIMMED, M_FREE_TOP, M_LRU_HEAD, NIL
 from kvnumba.eviction import EVICTION_POLICIES
 from kvnumba.reference import ReferenceBlockManager
+from kvnumba.windows import first_needed_block
 
 TOKENS = st.integers(0, 2)  # a tiny alphabet, so equal prefixes (and cache hits) are common
 
@@ -47,6 +48,17 @@ class Evictions:
         self.calls.append((ids.tolist(), tokens.tolist()))
 
 
+def windows(block_size: int):
+    """Full attention, a sliding window (shorter or longer than a block) or chunked local
+    attention: the attention kind of a machine's managers (``docs/windows.md``)."""
+    return st.one_of(
+        st.just({}),
+        st.just({}),
+        st.builds(lambda w: {"sliding_window": w}, st.integers(1, 3 * block_size + 1)),
+        st.builds(lambda c: {"attention_chunk_size": c * block_size}, st.integers(1, 3)),
+    )
+
+
 class KernelsVersusReference(RuleBasedStateMachine):
     @initialize(
         num_blocks=st.integers(3, 24),
@@ -55,8 +67,11 @@ class KernelsVersusReference(RuleBasedStateMachine):
         prefix_caching=st.booleans(),
         reserved_blocks=st.sampled_from([0, 0, 1, 2]),
         eviction=st.sampled_from(EVICTION_POLICIES),
+        data=st.data(),
     )
-    def setup(self, num_blocks, block_size, max_seqs, prefix_caching, reserved_blocks, eviction):
+    def setup(
+        self, num_blocks, block_size, max_seqs, prefix_caching, reserved_blocks, eviction, data
+    ):
         max_seq_len = 6 * block_size + 2
         self.evicted_kv, self.evicted_ref = Evictions(), Evictions()
         geometry = dict(
@@ -65,6 +80,7 @@ class KernelsVersusReference(RuleBasedStateMachine):
             prefix_caching=prefix_caching,
             reserved_blocks=reserved_blocks,
             eviction=eviction,
+            **data.draw(windows(block_size)),
         )
         self.kv = kvnumba.BlockManager(num_blocks, block_size, on_evict=self.evicted_kv, **geometry)
         # The same id tag: both sides hand out the same ids.
@@ -201,7 +217,12 @@ class KernelsVersusReference(RuleBasedStateMachine):
             new_lens[j] = data.draw(st.sampled_from([-1, lens.get(ids[j], 3) + 1]))
         before = {i: self.ref.seq_tokens(i) for i in live}
         self.both("truncate", ids, new_lens)
-        if all(0 <= n <= lens.get(i, -1) for i, n in zip(ids, new_lens, strict=True)):
+        valid = all(0 <= n <= lens.get(i, -1) for i, n in zip(ids, new_lens, strict=True))
+        # A windowed sequence refuses a cut below the blocks that left its window (both sides).
+        if valid and self.ref.seq_lens(ids).tolist() != new_lens:
+            event("truncate refused below a window")
+            valid = False
+        if valid:
             for i, n in zip(ids, new_lens, strict=True):
                 # The sequence keeps exactly its first n tokens, on both sides.
                 assert np.array_equal(kvnumba.Sequence(self.kv, i).tokens, before[i][:n])
@@ -362,8 +383,9 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
         reserved_blocks=st.sampled_from([0, 0, 1]),
         hash_bits=st.sampled_from([64, 64, 1]),
         eviction=st.sampled_from(EVICTION_POLICIES),
+        data=st.data(),
     )
-    def setup(self, num_blocks, block_size, max_seqs, block_keys, prefix_caching, **flags):
+    def setup(self, num_blocks, block_size, max_seqs, block_keys, prefix_caching, data, **flags):
         reserved_blocks, hash_bits = flags["reserved_blocks"], flags["hash_bits"]
         if not block_keys:
             # Token mode matches a chained hash, the salt and the block's tokens, not the
@@ -380,6 +402,7 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
             block_events=True,
             _hash_bits=hash_bits,
             eviction=flags["eviction"],
+            **data.draw(windows(block_size)),
         )
 
         def hook(records, hashes):
@@ -520,7 +543,8 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
             )
             if look is not None:
                 row = ref_look.block_ids[0]
-                assert look.tolist() == row[row >= 0].tolist()
+                # -1 pads the row; a windowed prompt's leading NULL_BLOCK entries are hits.
+                assert look.tolist() == row[row != -1].tolist()
 
         def ref_admit(m):
             r = m.admit(tokens, [length], salts=[salt], max_hit_blocks=cap, **kw)
@@ -548,7 +572,13 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
         count = data.draw(st.integers(0, 4))
         tokens = self.ref.seq_tokens(seq).tolist() + [-1] * count
         full = len(tokens) // bs
-        start = data.draw(st.integers(0, full))
+        # A windowed sequence holds no block below its released prefix, nor (when it grows)
+        # below the first position its window needs: keys go to held blocks only.
+        low = int((self.ref.block_tables([seq])[0] == kvnumba.NULL_BLOCK).sum())
+        if count:
+            window = (self.kv.sliding_window or 0, self.kv.attention_chunk_size or 0)
+            low = max(low, first_needed_block(len(tokens) - count, bs, *window))
+        start = data.draw(st.integers(min(low, full), full))
         keys = None
         if self.keyed and data.draw(st.booleans()):
             rows = self.keys_of(tokens, range(start, data.draw(st.integers(start, full))))

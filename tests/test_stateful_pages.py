@@ -14,6 +14,7 @@ import numpy as np
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from test_stateful import windows
 
 import kvnumba
 from kvnumba._kernels.physical_pages import O_CLIENT, O_VIRTUAL
@@ -82,8 +83,9 @@ class PagesVersusReference(RuleBasedStateMachine):
         evictions=st.lists(
             st.sampled_from(EVICTION_POLICIES), min_size=MANAGERS, max_size=MANAGERS
         ),
+        data=st.data(),
     )
-    def setup(self, blocks_per_page, pages_per_manager, pool_pages, block_size, evictions):
+    def setup(self, blocks_per_page, pages_per_manager, pool_pages, block_size, evictions, data):
         self.kv_hooks, self.ref_hooks = Recorder(), Recorder()
         self.kv_pool = kvnumba.PagePool(
             pool_pages, on_map=self.kv_hooks.hook("map"), on_unmap=self.kv_hooks.hook("unmap")
@@ -102,6 +104,7 @@ class PagesVersusReference(RuleBasedStateMachine):
                 max_seq_len=6 * block_size + 2,
                 blocks_per_page=k,
                 eviction=evictions[who],
+                **data.draw(windows(block_size)),
             )
             self.kv.append(
                 kvnumba.BlockManager(
