@@ -394,11 +394,23 @@ OTHER = {
     "step_ms": 40.0,
     "max_seq_len": 100_000,
     "max_prefill_tokens": 50_000,
+    "sliding_window": 1024,
+    "attention_chunk_size": 8192,
 }
 #: The sweep() argument of each field, where it is not spelled as the field.
 ARGUMENT = {"trace": "traces", "block_size": "block_sizes"}
 #: Fields that take a list of values in one grid.
-LISTS = ("trace", "blocks", "block_size", "prefix_caching", "eviction", "max_batch", "step_ms")
+LISTS = (
+    "trace",
+    "blocks",
+    "block_size",
+    "prefix_caching",
+    "eviction",
+    "max_batch",
+    "step_ms",
+    "sliding_window",
+    "attention_chunk_size",
+)
 
 
 def grid_of(point: SweepPoint, **values) -> dict:

@@ -2,7 +2,8 @@
 
 * :mod:`kvnumba.sim.traces` parses the Mooncake JSONL and Azure CSV traces into lazy
   :class:`Request` records;
-* :mod:`kvnumba.sim.scheduler` replays them with continuous batching and preemption;
+* :mod:`kvnumba.sim.scheduler` replays them with continuous batching and preemption
+  (:func:`compare_window`: a windowed config and the same without its window);
 * :mod:`kvnumba.sim.ideal` computes a trace's ideal prefix hit rate (an unbounded pool);
 * :mod:`kvnumba.sim.hindsight` gives the ``oracle`` eviction policy each block's next use;
 * :mod:`kvnumba.sim.unreachable` counts the cached blocks no prompt can hit any more;
@@ -16,7 +17,7 @@
 """
 
 from kvnumba.sim.ideal import ideal_prefix_hit_rate
-from kvnumba.sim.scheduler import SimConfig, SimResult, Simulator, simulate
+from kvnumba.sim.scheduler import SimConfig, SimResult, Simulator, compare_window, simulate
 from kvnumba.sim.sweeps import SweepResult, sweep
 from kvnumba.sim.traces import Request, load_azure, load_mooncake, load_trace
 
@@ -26,6 +27,7 @@ __all__ = [
     "SimResult",
     "Simulator",
     "SweepResult",
+    "compare_window",
     "ideal_prefix_hit_rate",
     "load_azure",
     "load_mooncake",

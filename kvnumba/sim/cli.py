@@ -15,13 +15,21 @@ from pathlib import Path
 
 from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
 from kvnumba.sim._progress import progress_bar
-from kvnumba.sim.report import eviction_hint, result_fields, save_timeline, timeline_title
+from kvnumba.sim.report import (
+    attention_label,
+    eviction_hint,
+    result_fields,
+    save_timeline,
+    timeline_title,
+    window_comparison,
+)
 from kvnumba.sim.scheduler import (
     DEFAULT_MAX_SEQ_LEN,
     DEFAULT_POOL_TOKENS,
     DEFAULT_STEP_MS,
     SimConfig,
     Simulator,
+    full_attention,
     reference_manager_factory,
 )
 from kvnumba.sim.traces import default_trace_path, load_trace
@@ -125,6 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="eviction policy: %(choices)s; 'oracle' uses the future of the trace (needs "
         "hash_ids) as a reference point; see docs/eviction.md (default: lru)",
     )
+    window = p.add_mutually_exclusive_group()
+    window.add_argument(
+        "--sliding-window",
+        type=_positive,
+        default=None,
+        metavar="W",
+        help="sliding-window attention of W tokens (Gemma, gpt-oss, Mistral local layers): "
+        "blocks leave a sequence as it decodes past them, a prompt's hit needs only its last "
+        "window; the report sets the same run without the window beside it (docs/windows.md)",
+    )
+    window.add_argument(
+        "--attention-chunk-size",
+        type=_positive,
+        default=None,
+        metavar="C",
+        help="chunked local attention, chunks of C tokens (a multiple of the block size; Llama "
+        "4 local layers): a prompt's tokens below its last chunk count as cached (never read); "
+        "the report sets the same run without chunks beside it",
+    )
     p.add_argument(
         "--limit",
         type=_positive,
@@ -178,7 +205,10 @@ def format_report(summary: dict, header: list[tuple[str, str]]) -> str:
     ideal = s["ideal_prefix_hit_rate"]
     unreachable = s.get("unreachable_cached_final")
     if unreachable is None:
-        unreachable_text = "n/a (the trace has no hash_ids, or the manager's blocks are unread)"
+        unreachable_text = (
+            "n/a (the trace has no hash_ids, the manager's blocks are unread, or the run is "
+            "windowed)"
+        )
     else:
         fractions = [s["unreachable_fraction_mean"], s["unreachable_fraction_final"]]
         unreachable_text = (
@@ -220,6 +250,57 @@ def format_report(summary: dict, header: list[tuple[str, str]]) -> str:
         ("wall time, whole command / replay", f"{s['wall_s']:.1f} s / {s['replay_s']:.1f} s"),
     ]
     return _table(rows)
+
+
+def format_window_comparison(comparison: dict) -> str:
+    """Text table of :func:`kvnumba.sim.report.window_comparison`: window, full, ratio.
+
+    Parameters
+    ----------
+    comparison : dict
+        The ``window_vs_full`` of ``kvnumba simulate --sliding-window W --json``.
+
+    Returns
+    -------
+    str
+        A heading line, then one line per metric.
+    """
+    labels = {
+        "peak_blocks_used": "blocks used, peak",
+        "mean_blocks_used": "blocks used, mean",
+        "peak_blocks_cached": "blocks cached, peak",
+        "mean_blocks_cached": "blocks cached, mean",
+        "prefix_hit_rate": "prefix hit rate, first admissions",
+        "first_admit_cached_tokens": "cached prompt tokens, first admissions",
+        "preemptions": "preemptions",
+        "evictions": "evictions",
+    }
+
+    def value(name: str, v) -> str:
+        if name == "prefix_hit_rate":
+            return f"{v:.1%}"
+        return f"{v:,.0f}" if name.startswith("mean") else f"{v:,}"
+
+    lines = [("", "window", "full attention", "window / full")]
+    for name, entry in comparison.items():
+        ratio = entry["ratio"]
+        lines.append(
+            (
+                labels.get(name, name),
+                value(name, entry["window"]),
+                value(name, entry["full"]),
+                "n/a" if ratio is None else f"{ratio:.2f}",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    table = "\n".join(
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in lines
+    )
+    return "the same trace without the window (full attention):\n" + table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,7 +388,13 @@ def _main(argv: list[str], t_start: float) -> int:
         step_ms=args.step_ms,
         max_prefill_tokens=args.max_prefill_tokens,
         eviction=args.eviction,
+        sliding_window=args.sliding_window,
+        attention_chunk_size=args.attention_chunk_size,
     )
+    # A windowed run is replayed a second time without its window, for the comparison
+    # (what kvnumba.sim.scheduler.compare_window does; built here apart from the runs, so
+    # that only a bad config is reported as one).
+    configs = [config, full_attention(config)] if config.windowed else [config]
     if not args.reference:
         from kvnumba.kernels import PLAIN, POLICY, prepare
 
@@ -315,16 +402,24 @@ def _main(argv: list[str], t_start: float) -> int:
         # the kernels' policy versions.
         policy = config.eviction != "lru"
         prepare(POLICY if policy else PLAIN, stream=sys.stderr, policy=policy)
-    with progress_bar(len(requests), "req", "simulate") as bar:
+    with progress_bar(len(configs) * len(requests), "req", "simulate") as bar:
         try:
             factory = reference_manager_factory if args.reference else None
-            sim = Simulator(requests, config, factory, progress=bar.update)
+            sims = [Simulator(requests, config, factory, progress=bar.update)]
+            sims += [
+                Simulator(requests, c, factory, progress=bar.update, keys=sims[0].keys)
+                for c in configs[1:]
+            ]
         except (ValueError, TypeError) as exc:  # InvalidGeometry is a ValueError
             print(f"kvnumba simulate: invalid pool: {exc}", file=sys.stderr)
             return 2
-        result = sim.run()
+        results = [sim.run() for sim in sims]
 
+    sim, result = sims[0], results[0]
     summary = result_fields(result, requests, config, sim.keys)
+    full = None
+    if len(results) > 1:
+        full = result_fields(results[1], requests, configs[1], sim.keys)
     setup = {
         "trace": str(trace_path),
         "limit": args.limit,
@@ -336,6 +431,8 @@ def _main(argv: list[str], t_start: float) -> int:
         "prefix_caching": config.prefix_caching,
         "max_prefill_tokens": config.max_prefill_tokens,
         "eviction": config.eviction,
+        "sliding_window": config.sliding_window,
+        "attention_chunk_size": config.attention_chunk_size,
         "manager": "reference" if args.reference else "BlockManager",
     }
     if args.plot is not None:
@@ -357,8 +454,13 @@ def _main(argv: list[str], t_start: float) -> int:
             )
             return 2
     summary["wall_s"] = round(time.perf_counter() - t_start, 2)
+    doc = {"config": setup, "results": summary}
+    if full is not None:
+        # The full-attention run's replay is its own; the command's wall time covers both.
+        doc["full_attention"] = full
+        doc["window_vs_full"] = window_comparison(summary, full)
     if args.json:
-        print(json.dumps({"config": setup, "results": summary}, indent=2))
+        print(json.dumps(doc, indent=2))
         return 0
     header = [
         (
@@ -373,11 +475,15 @@ def _main(argv: list[str], t_start: float) -> int:
             + ("on" if config.prefix_caching else "off"),
         ),
         ("eviction policy", config.eviction),
+        ("attention", attention_label(config)),
     ]
     print(format_report(summary, header))
     hint = eviction_hint(summary, config.prefix_caching)
     if hint:
         print(hint)
+    if full is not None:
+        print()
+        print(format_window_comparison(doc["window_vs_full"]))
     if args.plot is not None:
         print(f"plot written to {args.plot}")
     return 0

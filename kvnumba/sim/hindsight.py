@@ -9,6 +9,10 @@ after each admission.
 
 Trace order is request index order (``Request.index``): the order of the trace file, which is
 also arrival order for a trace sorted by timestamp, as the Mooncake trace is.
+
+Under a sliding window or chunked local attention the next use is still the next prompt that
+holds the content, though that prompt's hit may not need the block (it lies below the hit's
+window): the oracle is then a coarser reference point.
 """
 
 from __future__ import annotations
@@ -77,7 +81,9 @@ def admitted_prompt_blocks(
         The admitted requests' indices.
     tables : numpy.ndarray of int
         Their block tables (``mgr.block_tables`` of their sequences, one row each, padded with
-        -1), read right after the admission.
+        -1), read right after the admission. A windowed manager's rows may begin with
+        ``NULL_BLOCK`` entries (-2): positions below a hit's window that the prompt does not
+        hold; they are left out.
 
     Returns
     -------
@@ -96,7 +102,8 @@ def admitted_prompt_blocks(
     # A re-admitted request also holds its generated tokens: only the prompt's blocks are keyed.
     blocks = np.asarray(tables)[:, :width][take].astype(np.int64)
     index = (starts[requests][:, None] + col)[take]
-    return blocks, index
+    held = blocks >= 0  # NULL_BLOCK is negative: no block, so no hint and no key to remember
+    return blocks[held], index[held]
 
 
 class Hints:

@@ -11,6 +11,15 @@ manager, under the manager's rules:
   at most ``(prompt_len - 1) // block_size`` blocks;
 * nothing is ever evicted (the pool is unbounded), so once seen, a block stays reusable.
 
+Under a sliding window of ``W >= 2`` tokens the ideal is the same: a windowed hit needs the
+blocks of the prompt's last window before its end, and with nothing evicted the blocks cached
+for a prompt always form a prefix (every key chains its prefix), so the longest cached prefix
+is also the longest whose last window is cached. ``W = 1`` needs no earlier block: every prompt
+hits its cap. Under chunked local attention of ``C`` tokens a prompt needs no block below its
+last token's chunk: it counts those blocks as cached (``docs/windows.md``), then the run of
+cached blocks from there, and only the blocks a prompt computed (from its last chunk on) are
+cached for the prompts after it (:func:`ideal_prefix_hits`, ``attention_chunk_size``).
+
 Requests are taken in admission order: arrival order by default (the simulator's queue order,
 which is what an unbounded pool admits), or any order given, such as the order in which one
 simulation actually admitted its requests. The latter is how :func:`ideal_prefix_hits` tells
@@ -120,7 +129,11 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def ideal_prefix_hits(
-    keys: BlockKeys, order: Sequence[int] | np.ndarray | None = None
+    keys: BlockKeys,
+    order: Sequence[int] | np.ndarray | None = None,
+    *,
+    sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
 ) -> IdealHits:
     """Prompt tokens an unbounded pool serves from cache, admitting requests in ``order``.
 
@@ -131,6 +144,8 @@ def ideal_prefix_hits(
     order : sequence of int, optional
         Request indices in admission order; requests not listed are never admitted (they
         neither hit nor fill the cache). Default: every request, in trace order.
+    sliding_window, attention_chunk_size : int, optional
+        The manager's attention kind (see the module docstring); full attention by default.
 
     Returns
     -------
@@ -150,6 +165,19 @@ def ideal_prefix_hits(
     seen = first[inverse] < block_rank
     # A prompt reuses its leading run of cached blocks, never the block of its last token.
     cap = (keys.prompt_len[owner] - 1) // keys.block_size
+    if sliding_window == 1:  # a token attends to itself only: no earlier block is needed
+        seen = np.ones_like(seen)
+    elif attention_chunk_size:
+        # Each prompt needs its blocks from the chunk of its last token on (``start``), and
+        # only those are computed, so only those fill the cache for later prompts.
+        lengths = keys.prompt_len[owner]
+        start = np.minimum(
+            cap, (lengths - 1) // attention_chunk_size * attention_chunk_size // keys.block_size
+        )
+        computed = pos >= start
+        first = np.full(uniq.size, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first, inverse[computed], block_rank[computed])
+        seen = (first[inverse] < block_rank) | ~computed  # below ``start``: not needed
     usable = pos < cap
     # First block of each prompt that is not reusable (or its cap): the length of the run.
     stop = np.where(usable & seen, cap, np.minimum(pos, cap))
@@ -165,7 +193,12 @@ def ideal_prefix_hits(
 
 
 def ideal_prefix_hit_rate(
-    requests: Sequence[Request], block_size: int, max_seq_len: int | None = None
+    requests: Sequence[Request],
+    block_size: int,
+    max_seq_len: int | None = None,
+    *,
+    sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
 ) -> IdealHits | None:
     """The trace's ideal prefix hits: an unbounded pool, requests admitted in arrival order.
 
@@ -178,6 +211,8 @@ def ideal_prefix_hit_rate(
     max_seq_len : int, optional
         Requests whose prompt plus output exceed it are never admitted (the simulator rejects
         them under any pool), so they are left out here too.
+    sliding_window, attention_chunk_size : int, optional
+        The attention kind, as for :func:`ideal_prefix_hits`.
 
     Returns
     -------
@@ -192,4 +227,6 @@ def ideal_prefix_hit_rate(
     if max_seq_len is not None:
         total = np.fromiter((r.prompt_len + r.output_len for r in requests), np.int64, len(order))
         order = order[total[order] <= max_seq_len]
-    return ideal_prefix_hits(keys, order)
+    return ideal_prefix_hits(
+        keys, order, sliding_window=sliding_window, attention_chunk_size=attention_chunk_size
+    )

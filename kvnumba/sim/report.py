@@ -33,7 +33,7 @@ def ideal_fields(
     requests : sequence of Request
         The requests it replayed.
     config : SimConfig
-        Its configuration (block size, ``max_seq_len``, prefix caching).
+        Its configuration (block size, ``max_seq_len``, prefix caching, attention kind).
     keys : BlockKeys, optional
         :func:`kvnumba.sim.ideal.block_keys` of ``requests`` at ``config.block_size``, when the
         caller already has them (a sweep reuses them across pool sizes).
@@ -44,7 +44,8 @@ def ideal_fields(
         ``ideal_prefix_hit_rate``: an unbounded pool admitting every request that fits
         ``max_seq_len`` in arrival order; ``prefix_hit_rate_if_no_evictions``: the same
         admissions as this run, in its order, had nothing been evicted, so that its difference
-        from ``prefix_hit_rate`` is exactly the hits evictions cost. Both ``None`` for a trace
+        from ``prefix_hit_rate`` is exactly the hits evictions cost. Both under the run's
+        attention kind (:func:`kvnumba.sim.ideal.ideal_prefix_hits`). Both ``None`` for a trace
         without ``hash_ids``; the second also ``None`` without prefix caching.
     """
     if keys is None:
@@ -56,8 +57,14 @@ def ideal_fields(
     fits = [
         i for i in order if requests[i].prompt_len + requests[i].output_len <= config.max_seq_len
     ]
-    ideal = ideal_prefix_hits(keys, fits).rate
-    same = ideal_prefix_hits(keys, result.admit_order).rate if config.prefix_caching else None
+    kind = {
+        "sliding_window": config.sliding_window,
+        "attention_chunk_size": config.attention_chunk_size,
+    }
+    ideal = ideal_prefix_hits(keys, fits, **kind).rate
+    same = (
+        ideal_prefix_hits(keys, result.admit_order, **kind).rate if config.prefix_caching else None
+    )
     return {
         "ideal_prefix_hit_rate": round(ideal, 4),
         "prefix_hit_rate_if_no_evictions": None if same is None else round(same, 4),
@@ -121,6 +128,51 @@ def eviction_hint(results: dict, prefix_caching: bool = True) -> str | None:
     )
 
 
+#: What :func:`window_comparison` sets side by side: memory, prefix reuse, pressure.
+WINDOW_METRICS = (
+    "peak_blocks_used",
+    "mean_blocks_used",
+    "peak_blocks_cached",
+    "mean_blocks_cached",
+    "prefix_hit_rate",
+    "first_admit_cached_tokens",
+    "preemptions",
+    "evictions",
+)
+
+
+def window_comparison(windowed: dict, full: dict) -> dict:
+    """A windowed run's headline numbers beside the same run's under full attention.
+
+    Parameters
+    ----------
+    windowed, full : dict
+        :func:`result_fields` (or :meth:`SimResult.summary`) of the two runs of
+        :func:`kvnumba.sim.scheduler.compare_window`.
+
+    Returns
+    -------
+    dict
+        For each name of :data:`WINDOW_METRICS`: ``{"window": ..., "full": ..., "ratio": ...}``
+        with ``ratio = window / full`` rounded to 4 digits (``None`` when ``full`` is 0). A
+        ratio below 1 for the blocks used is the memory the window saves.
+    """
+    out = {}
+    for name in WINDOW_METRICS:
+        w, f = windowed[name], full[name]
+        out[name] = {"window": w, "full": f, "ratio": round(w / f, 4) if f else None}
+    return out
+
+
+def attention_label(config: SimConfig) -> str:
+    """The attention kind of a config in words: ``full``, ``sliding window 1,024 tokens``, ..."""
+    if config.sliding_window is not None:
+        return f"sliding window {config.sliding_window:,} tokens"
+    if config.attention_chunk_size is not None:
+        return f"chunked local, chunks of {config.attention_chunk_size:,} tokens"
+    return "full"
+
+
 def save_timeline(
     result: SimResult,
     num_blocks: int,
@@ -180,16 +232,30 @@ def save_timeline(
 
 
 def timeline_title(trace_name: str, config: SimConfig) -> str:
-    """The title of :func:`save_timeline` for a run: trace, pool, block size, policy."""
-    return (
+    """The title of :func:`save_timeline` for a run: trace, pool, block size, policy, window."""
+    title = (
         f"{trace_name}: {config.blocks:,} blocks, block size {config.block_size} tokens, "
         f"prefix caching {'on' if config.prefix_caching else 'off'}, eviction {config.eviction}"
     )
+    if config.windowed:
+        title += f", {attention_label(config)}"
+    return title
 
 
 #: Grid dimensions other than the pool size; a plot draws one line per combination.
-SERIES_COLUMNS = ("eviction", "block_size", "prefix_caching", "max_batch", "step_ms", "limit")
+SERIES_COLUMNS = (
+    "eviction",
+    "sliding_window",
+    "attention_chunk_size",
+    "block_size",
+    "prefix_caching",
+    "max_batch",
+    "step_ms",
+    "limit",
+)
 _SERIES_LABELS = {
+    "sliding_window": lambda v: "no sliding window" if v is None else f"sliding window {v:,}",
+    "attention_chunk_size": lambda v: "no chunks" if v is None else f"chunks of {v:,}",
     "eviction": lambda v: f"eviction {v}",
     "block_size": lambda v: f"block size {v} tokens",
     "prefix_caching": lambda v: f"prefix caching {'on' if v else 'off'}",
@@ -204,6 +270,17 @@ def _column(row: dict, name: str):
     if name == "eviction":
         return row.get(name) or "lru"
     return row.get(name)
+
+
+def _ideal_kind(row: dict) -> str:
+    """What the ideal hit rate of a row depends on beyond the block size, as a label suffix:
+    chunked local attention, or a one-token window (a sliding window of ``W >= 2`` tokens has
+    full attention's ideal, see :mod:`kvnumba.sim.ideal`)."""
+    if row.get("attention_chunk_size") is not None:
+        return f", chunks of {row['attention_chunk_size']:,}"
+    if row.get("sliding_window") == 1:
+        return ", window of 1 token"
+    return ""
 
 
 def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
@@ -228,7 +305,11 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
     other grid dimensions (one per eviction policy, say), labelled by the dimensions that vary;
     the ``oracle`` policy, a reference point computed from the future rather than a policy a
     manager can run, is drawn dashed with square markers. Rows without an ``eviction`` column
-    (sweeps made before policies existed) count as ``lru``.
+    (sweeps made before policies existed) count as ``lru``, rows without ``sliding_window`` and
+    ``attention_chunk_size`` as full attention. A windowed run's peak blocks used counts only
+    the blocks its sequences still reach. A sliding window (of at least two tokens) has full
+    attention's ideal; chunked local attention has its own, drawn apart: its prompts count the
+    tokens below their last chunk as cached (the layer never reads them).
     """
     from matplotlib.figure import Figure
 
@@ -279,14 +360,14 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
         ideals = {}
         for r in mine:
             if r.get("ideal_prefix_hit_rate") is not None:
-                ideals[r["block_size"]] = r["ideal_prefix_hit_rate"]
-        for j, (bs, ideal) in enumerate(sorted(ideals.items())):
+                ideals[r["block_size"], _ideal_kind(r)] = r["ideal_prefix_hit_rate"]
+        for j, ((bs, kind), ideal) in enumerate(sorted(ideals.items())):
             hit.axhline(
                 100 * ideal,
                 color="k",
                 lw=1,
                 ls=("--", ":", "-.")[j % 3],
-                label=f"ideal (unbounded pool), block size {bs} tokens",
+                label=f"ideal (unbounded pool), block size {bs} tokens{kind}",
             )
         if not ideals:
             hit.text(
@@ -414,7 +495,15 @@ def format_policy_table(table: Sequence[dict]) -> str:
     """
     policies = list(dict.fromkeys(p for entry in table for p in entry["hit_rate"]))
     policies.sort(key=lambda p: SIMULATOR_POLICIES.index(p) if p in SIMULATOR_POLICIES else 99)
-    shown = ("block_size", "prefix_caching", "max_batch", "step_ms", "limit")
+    shown = (
+        "sliding_window",
+        "attention_chunk_size",
+        "block_size",
+        "prefix_caching",
+        "max_batch",
+        "step_ms",
+        "limit",
+    )
     varying = [c for c in shown if len({entry.get(c) for entry in table}) > 1]
     head = ["trace", *varying, "blocks", "ideal", *policies]
     lines = [head]

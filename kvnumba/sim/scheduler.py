@@ -30,10 +30,22 @@ Prompt tokens are counted apart for first admissions and for recomputes (a preem
 re-admitted with its prompt plus what it had generated): a recompute mostly hits the blocks it
 released a moment before, which says nothing about prefix sharing between requests, so a hit
 rate that mixed both would rise as the pool shrinks.
+
+A windowed config (``SimConfig.sliding_window`` or ``attention_chunk_size``, see
+``docs/windows.md``) builds a windowed manager: blocks leave a sequence as it decodes past them
+(their table entries become ``NULL_BLOCK``) and a prompt's hit needs only its last window or
+chunk. Blocks used and cached are the manager's ``stats()``, so they count what the window
+released. A request must still fit the whole pool (prompt plus output), as under full attention:
+the simulator prefills a prompt, and recomputes a preempted request, in one ``admit``, which
+claims a block for every position it computes. The census of unreachable cached blocks is not
+taken for a windowed manager: a windowed hit skips blocks below the window, so a cached block
+whose parent is gone can still be hit. :func:`compare_window` replays a trace with and without
+the window.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -78,11 +90,39 @@ def policy_arguments(eviction: str) -> dict:
     return {"eviction": eviction}
 
 
+def window_arguments(config: SimConfig) -> dict:
+    """The manager keyword arguments that select the attention kind of ``config``.
+
+    Parameters
+    ----------
+    config : SimConfig
+
+    Returns
+    -------
+    dict
+        Empty for full attention (so a full-attention run builds exactly the manager it always
+        did); ``{"sliding_window": W}`` or ``{"attention_chunk_size": C}`` otherwise (both
+        when both are set: the manager then refuses the pair with ``InvalidGeometry``).
+    """
+    out = {}
+    if config.sliding_window is not None:
+        out["sliding_window"] = config.sliding_window
+    if config.attention_chunk_size is not None:
+        out["attention_chunk_size"] = config.attention_chunk_size
+    return out
+
+
+def full_attention(config: SimConfig) -> SimConfig:
+    """``config`` without its window: the same simulation under full attention."""
+    return dataclasses.replace(config, sliding_window=None, attention_chunk_size=None)
+
+
 def default_manager_factory(num_blocks: int, block_size: int, **kwargs):
     """Build a :class:`kvnumba.BlockManager` (imported lazily: it loads numba).
 
     The keyword arguments go to the manager as they are, the policy's among them
-    (:func:`policy_arguments`: ``eviction``, and ``_hindsight`` for ``oracle``).
+    (:func:`policy_arguments`: ``eviction``, and ``_hindsight`` for ``oracle``) and the
+    attention kind's (:func:`window_arguments`: ``sliding_window``, ``attention_chunk_size``).
     """
     from kvnumba import BlockManager
 
@@ -123,6 +163,11 @@ class SimConfig:
     eviction : str
         The eviction policy, a name of :data:`kvnumba.eviction.SIMULATOR_POLICIES`;
         ``oracle`` needs a trace with ``hash_ids``.
+    sliding_window : int or None
+        Sliding-window attention of this many tokens (``docs/windows.md``); ``None`` for none.
+    attention_chunk_size : int or None
+        Chunked local attention, chunks of this many tokens (a multiple of ``block_size``);
+        ``None`` for none. At most one of the two is set (the manager refuses both).
     """
 
     num_blocks: int | None = None
@@ -133,6 +178,13 @@ class SimConfig:
     step_ms: float = DEFAULT_STEP_MS
     max_prefill_tokens: int | None = None
     eviction: str = "lru"
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the config sets a sliding window or chunked local attention."""
+        return self.sliding_window is not None or self.attention_chunk_size is not None
 
     @property
     def blocks(self) -> int:
@@ -296,7 +348,7 @@ class Simulator:
         an object with the batched BlockManager API; default :class:`kvnumba.BlockManager`.
         For a policy other than ``lru`` it is also given the :func:`policy_arguments`
         (``eviction=NAME``, and ``_hindsight=True`` for ``oracle``, whose manager must also
-        offer ``set_next_use``).
+        offer ``set_next_use``), and for a windowed config the :func:`window_arguments`.
     progress : callable, optional
         Called with the number of requests newly finished (served or rejected).
     keys : BlockKeys, optional
@@ -314,7 +366,9 @@ class Simulator:
     ------
     ValueError
         An invalid config: an unknown eviction policy, or ``oracle`` on a trace without
-        ``hash_ids``; or a manager whose ``eviction`` is not the config's.
+        ``hash_ids``; or a manager whose ``eviction``, ``sliding_window`` or
+        ``attention_chunk_size`` is not the config's (``InvalidGeometry``, a ``ValueError``,
+        for a window the manager refuses).
     """
 
     def __init__(
@@ -347,7 +401,8 @@ class Simulator:
             )
         factory = manager_factory or default_manager_factory
         policy = policy_arguments(cfg.eviction)
-        _warm_up(factory, cfg.block_size, policy)
+        window = window_arguments(cfg)
+        _warm_up(factory, cfg.block_size, {**policy, **window})
         self.manager = factory(
             cfg.blocks,
             cfg.block_size,
@@ -355,15 +410,26 @@ class Simulator:
             max_seq_len=cfg.max_seq_len,
             prefix_caching=cfg.prefix_caching,
             **policy,
+            **window,
         )
         built = getattr(self.manager, "eviction", cfg.eviction)
         if built != cfg.eviction:  # a factory that dropped the policy would mislabel the run
             raise ValueError(
                 f"the manager factory built a manager with eviction {built!r}, not {cfg.eviction!r}"
             )
+        for name in ("sliding_window", "attention_chunk_size"):
+            built = getattr(self.manager, name, getattr(cfg, name))
+            if built != getattr(cfg, name):  # nor one that dropped the window
+                raise ValueError(
+                    f"the manager factory built a manager with {name}={built!r}, not "
+                    f"{getattr(cfg, name)!r}"
+                )
         self.progress = progress
         self._hints = Hints(self.keys) if hindsight else None
-        countable = self.keys is not None and block_census(self.manager) is not None
+        # Under a window a cached block whose parent is gone can still be hit: no census.
+        countable = (
+            self.keys is not None and not cfg.windowed and block_census(self.manager) is not None
+        )
         self._census = Census(self.keys, cfg.blocks) if countable else None
 
     def run(self) -> SimResult:
@@ -589,19 +655,20 @@ class Simulator:
         return head[: max(1, int(np.searchsorted(sizes, budget, side="right")))]
 
 
-def _warm_up(factory: Callable, block_size: int, policy: dict) -> None:
-    """Run each timed call once on a throwaway manager with the run's eviction policy.
+def _warm_up(factory: Callable, block_size: int, arguments: dict) -> None:
+    """Run each timed call once on a throwaway manager with the run's eviction policy and
+    attention kind (``arguments``: :func:`policy_arguments` and :func:`window_arguments`).
 
     With a cold numba cache the first call of each kernel compiles it (seconds); that must not
     be billed to the first simulated steps' allocator time.
     """
     mgr = factory(
-        4, block_size, max_seqs=2, max_seq_len=4 * block_size, prefix_caching=True, **policy
+        4, block_size, max_seqs=2, max_seq_len=4 * block_size, prefix_caching=True, **arguments
     )
     # One full block and one partial one: a full prompt block is what hints are given for.
     lengths = np.array([block_size, 1], np.int64)
     res = mgr.admit(np.zeros(block_size + 1, np.int64), lengths, atomic=False)
-    if policy.get("_hindsight"):
+    if arguments.get("_hindsight"):
         mgr.set_next_use(
             mgr.block_tables(res.ids[:1])[0, :1].astype(np.int64), np.ones(1, np.int64)
         )
@@ -619,3 +686,40 @@ def simulate(
 ) -> SimResult:
     """Build a :class:`Simulator` and run it; see there for the parameters."""
     return Simulator(requests, config, manager_factory, progress, keys).run()
+
+
+def compare_window(
+    config: SimConfig,
+    requests: Sequence[Request],
+    manager_factory: Callable | None = None,
+    progress: Callable[[int], object] | None = None,
+    keys: BlockKeys | None = None,
+) -> tuple[SimResult, SimResult]:
+    """Replay ``requests`` under a windowed ``config``, then under the same config without the
+    window (:func:`full_attention`): what the window saves, on the same trace.
+
+    Parameters
+    ----------
+    config : SimConfig
+        A windowed config (``sliding_window`` or ``attention_chunk_size`` set).
+    requests, manager_factory, progress, keys
+        As for :class:`Simulator`; ``progress`` counts both runs' requests.
+
+    Returns
+    -------
+    (SimResult, SimResult)
+        The windowed run and the full-attention run.
+
+    Raises
+    ------
+    ValueError
+        ``config`` has no window, or is invalid (see :class:`Simulator`). Both simulators are
+        built before either runs, so an invalid config raises before any replay.
+    """
+    if not config.windowed:
+        raise ValueError(
+            "compare_window needs a config with sliding_window or attention_chunk_size"
+        )
+    windowed = Simulator(requests, config, manager_factory, progress, keys)
+    full = Simulator(requests, full_attention(config), manager_factory, progress, windowed.keys)
+    return windowed.run(), full.run()

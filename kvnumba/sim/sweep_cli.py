@@ -21,9 +21,9 @@ EXIT_INTERRUPTED = 130
 
 EPILOG = """\
 Each list option takes comma-separated values and may be repeated; a grid file (--config,
-TOML) sets the same keys (traces, blocks, block_size, prefix_caching, eviction, max_batch,
-step_ms, limit, max_seq_len, max_prefill_tokens, out, scheduler, workers), and options given on
-the command line win. Example grid file:
+TOML) sets the same keys (traces, blocks, block_size, prefix_caching, eviction, sliding_window,
+attention_chunk_size, max_batch, step_ms, limit, max_seq_len, max_prefill_tokens, out,
+scheduler, workers), and options given on the command line win. Example grid file:
 
     traces = ["mooncake", "azure"]
     limit = 1000
@@ -36,6 +36,13 @@ share of the gap between LRU and the ideal (unbounded pool) hit rate that it clo
 
     kvnumba sweep --trace mooncake --limit 2000 --blocks 2048,4096,8192 \
         --eviction lru,lfu,sieve,leaf-lru,oracle
+
+The attention kind is a grid dimension too: 'none' is full attention, and a point never sets
+both a sliding window and a chunk size (so this grid is full, two windows, one chunk size at
+each pool size; in a grid file, sliding_window = ["none", 1024, 4096]):
+
+    kvnumba sweep --trace mooncake --limit 2000 --blocks 4096,8192 \
+        --sliding-window none,1024,4096 --attention-chunk-size none,8192
 
 Without --scheduler the sweep starts a local Dask cluster of one single-threaded worker process
 per core. To use other machines, start a scheduler and workers that see the same files and
@@ -57,6 +64,8 @@ CONFIG_KEYS = {
     "block_sizes": "block_sizes",
     "prefix_caching": "prefix_caching",
     "eviction": "eviction",
+    "sliding_window": "sliding_window",
+    "attention_chunk_size": "attention_chunk_size",
     "max_batch": "max_batch",
     "step_ms": "step_ms",
     "limit": "limit",
@@ -80,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvnumba sweep",
         description="Replay traces through the block manager for every point of a grid\n"
-        "(traces x pool sizes x block sizes x prefix caching x eviction policies x max batch\n"
-        "x step length), one Dask task per simulation, one table row per simulation; then\n"
+        "(traces x pool sizes x block sizes x prefix caching x eviction policies x sliding\n"
+        "windows x attention chunk sizes x max batch x step length), one Dask task per\n"
+        "simulation, one table row per simulation; then\n"
         "plot hit rate, preemptions and peak blocks used against pool size.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -96,6 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
             "--eviction",
             "NAME",
             f"eviction policies: {', '.join(SIMULATOR_POLICIES)} (default lru)",
+        ),
+        (
+            "--sliding-window",
+            "W|none",
+            "sliding windows in tokens, 'none' for full attention (default none)",
+        ),
+        (
+            "--attention-chunk-size",
+            "C|none",
+            "chunked local attention, chunk sizes in tokens (multiples of the block size), "
+            "'none' for full attention (default none)",
         ),
         ("--max-batch", "N", "most running sequences at once (default 256)"),
         ("--step-ms", "MS", f"trace milliseconds per decode step (default {DEFAULT_STEP_MS:g})"),
@@ -140,6 +161,18 @@ def _bool(text, flag: str) -> bool:
     if value is None:
         raise UsageError(f"{flag}: {text!r} is not on/off")
     return value
+
+
+def _window(text, flag: str) -> int | None:
+    """A window or chunk size in tokens; ``none`` (also ``off``, ``full``) for full attention."""
+    if isinstance(text, str) and text.strip().lower() in ("none", "off", "full"):
+        return None
+    if isinstance(text, bool):  # TOML's true is not a window
+        raise UsageError(f"{flag}: {text!r} is not an integer or none")
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"{flag}: {text!r} is not an integer or none") from None
 
 
 def _policy(text, flag: str) -> str:
@@ -200,6 +233,10 @@ def read_grid_file(path: Path) -> dict:
         kwargs["blocks"] = [
             None if x == "default" else x for x in (b if isinstance(b, list) else [b])
         ]
+    for key in ("sliding_window", "attention_chunk_size"):  # "none": full attention
+        if key in kwargs:
+            w = kwargs[key]
+            kwargs[key] = [_window(x, key) for x in (w if isinstance(w, list) else [w])]
     if "out" in kwargs:
         kwargs["out"] = Path(kwargs["out"])
     return kwargs
@@ -231,6 +268,8 @@ def grid_arguments(args: argparse.Namespace) -> dict:
         ("block_size", "block_sizes", _int),
         ("prefix_caching", "prefix_caching", _bool),
         ("eviction", "eviction", _policy),
+        ("sliding_window", "sliding_window", _window),
+        ("attention_chunk_size", "attention_chunk_size", _window),
         ("max_batch", "max_batch", _int),
         ("step_ms", "step_ms", _float),
     ]
@@ -264,11 +303,21 @@ def _unreachable(row: dict) -> str:
     return "n/a" if mean is None else f"{mean:,.1f}"
 
 
+def _attention(row: dict) -> str:
+    # Rows of older sweeps have no window columns: full attention.
+    if row.get("sliding_window") is not None:
+        return f"sw {row['sliding_window']}"
+    if row.get("attention_chunk_size") is not None:
+        return f"chunk {row['attention_chunk_size']}"
+    return "full"
+
+
 def format_rows(rows: list[dict]) -> str:
     """A compact table of sweep rows: config, hit rates, preemptions, peak blocks, time.
 
     ``unreachable`` is the mean count of cached blocks no prompt could hit (see
-    :mod:`kvnumba.sim.unreachable`).
+    :mod:`kvnumba.sim.unreachable`; ``n/a`` for a windowed run). ``window`` is the attention
+    kind: ``full``, ``sw W`` (sliding window of ``W`` tokens) or ``chunk C``.
 
     Parameters
     ----------
@@ -279,7 +328,8 @@ def format_rows(rows: list[dict]) -> str:
     -------
     str
     """
-    head = ["trace", "blocks", "bs", "caching", "eviction", "batch", "step", "hit", "ideal"]
+    head = ["trace", "blocks", "bs", "caching", "eviction", "window", "batch", "step", "hit"]
+    head += ["ideal"]
     head += ["preempt"]
     head += ["rejected", "peak used", "evictions", "unreachable", "replay s"]
     table = [head]
@@ -292,6 +342,7 @@ def format_rows(rows: list[dict]) -> str:
                 str(r["block_size"]),
                 "on" if r["prefix_caching"] else "off",
                 r.get("eviction") or "lru",
+                _attention(r),
                 str(r["max_batch"]),
                 f"{r['step_ms']:g}",
                 f"{r['prefix_hit_rate']:.1%}",

@@ -1,8 +1,8 @@
 """Parameter sweeps of the simulator on Dask: one simulation per task, one table row per task.
 
 A sweep is the grid traces x pool sizes x block sizes x prefix caching x eviction policies x
-max batch x step length (:func:`make_grid`); every point is one :func:`run_point` task on a Dask ``distributed``
-cluster: by default a :class:`distributed.LocalCluster` with one single-threaded worker process
+sliding windows x attention chunk sizes x max batch x step length (:func:`make_grid`); every
+point is one :func:`run_point` task on a Dask ``distributed`` cluster: by default a :class:`distributed.LocalCluster` with one single-threaded worker process
 per core (a simulation is single-threaded, CPU-bound Python and numba code, so processes, not
 threads, run them in parallel), or any running cluster by its scheduler's address.
 
@@ -103,6 +103,11 @@ class SweepPoint:
         Longest sequence; longer requests are rejected.
     max_prefill_tokens : int or None
         Prompt tokens offered to one ``admit`` call.
+    sliding_window : int or None
+        Sliding-window attention of this many tokens; ``None`` for none (``docs/windows.md``).
+    attention_chunk_size : int or None
+        Chunked local attention, chunks of this many tokens; ``None`` for none. At most one of
+        the two is set.
     """
 
     trace: str
@@ -115,6 +120,8 @@ class SweepPoint:
     step_ms: float
     max_seq_len: int
     max_prefill_tokens: int | None
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
 
     @property
     def key(self) -> str:
@@ -138,6 +145,8 @@ class SweepPoint:
             step_ms=self.step_ms,
             max_prefill_tokens=self.max_prefill_tokens,
             eviction=self.eviction,
+            sliding_window=self.sliding_window,
+            attention_chunk_size=self.attention_chunk_size,
         )
 
 
@@ -218,6 +227,8 @@ def make_grid(
     limit: int | None = None,
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     max_prefill_tokens: int | None = None,
+    sliding_window: int | None | Sequence[int | None] = None,
+    attention_chunk_size: int | None | Sequence[int | None] = None,
 ) -> list[SweepPoint]:
     """Validate a grid and list its points (trace-major, pool sizes innermost).
 
@@ -237,6 +248,11 @@ def make_grid(
         Longest sequence (not a grid dimension).
     max_prefill_tokens : int, optional
         Prompt tokens offered to one ``admit`` call (not a grid dimension).
+    sliding_window, attention_chunk_size : int or None, or a sequence of them
+        Grid dimensions of the attention kind (``docs/windows.md``): ``None`` (or a ``None``
+        entry) is full attention. A manager serves one kind, so a combination of a sliding
+        window with a chunk size is no point of the grid (``[None, 1024]`` x ``[None, 8192]``
+        is three points: full, sliding, chunked).
 
     Returns
     -------
@@ -248,8 +264,8 @@ def make_grid(
     GridError
         A ``ValueError``: on an empty dimension, an unknown trace (not embedded, no such
         file, or a format other than ``.jsonl`` / ``.csv``), or a bad value (block size 0,
-        non-finite step, unknown eviction policy, ...). The message names the dimension and
-        the value.
+        non-finite step, unknown eviction policy, a chunk size that is not a multiple of a
+        block size, ...). The message names the dimension and the value.
     """
     names = _values("traces", traces, lambda v: isinstance(v, (str, os.PathLike)), "names")
     trace_ids = []
@@ -276,6 +292,28 @@ def make_grid(
         lambda v: isinstance(v, str) and v in SIMULATOR_POLICIES,
         f"one of {', '.join(SIMULATOR_POLICIES)}",
     )
+    windows = _values(
+        "sliding_window", sliding_window, _optional(_positive_int), "an integer >= 1 or None"
+    )
+    chunks = _values(
+        "attention_chunk_size",
+        attention_chunk_size,
+        _optional(_positive_int),
+        "an integer >= 1 or None",
+    )
+    for bs in sizes:
+        for c in chunks:
+            if c is not None and c % bs:
+                raise GridError(
+                    f"attention_chunk_size must be a multiple of the block size, got {c} with "
+                    f"block_size {bs}"
+                )
+    kinds = [(w, c) for w in windows for c in chunks if w is None or c is None]
+    if not kinds:
+        raise GridError(
+            "empty grid: every point sets both sliding_window and attention_chunk_size (a "
+            "manager serves one attention kind; give None among the values of one of them)"
+        )
     batches = _values("max_batch", max_batch, _positive_int, "an integer >= 1")
     steps = _values("step_ms", step_ms, _finite_positive, "a finite number > 0")
     scalars = {}
@@ -288,8 +326,8 @@ def make_grid(
             raise GridError(f"{name} must be an integer >= 1, got {value!r}")
         scalars[name] = _plain(value)
     points: dict[str, SweepPoint] = {}
-    for trace, bs, pc, mb, st, ev, nb in itertools.product(
-        trace_ids, sizes, caching, batches, steps, policies, pools
+    for trace, bs, pc, mb, st, ev, (sw, ch), nb in itertools.product(
+        trace_ids, sizes, caching, batches, steps, policies, kinds, pools
     ):
         p = SweepPoint(
             trace=trace,
@@ -299,6 +337,8 @@ def make_grid(
             eviction=ev,
             max_batch=mb,
             step_ms=float(st),
+            sliding_window=sw,
+            attention_chunk_size=ch,
             **scalars,
         )
         points.setdefault(p.key, p)  # None and the default pool are one point
@@ -601,6 +641,8 @@ def sweep(
     limit: int | None = None,
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     max_prefill_tokens: int | None = None,
+    sliding_window: int | None | Sequence[int | None] = None,
+    attention_chunk_size: int | None | Sequence[int | None] = None,
     out: str | os.PathLike | None = None,
     scheduler=None,
     n_workers: int | None = None,
@@ -612,7 +654,7 @@ def sweep(
     Parameters
     ----------
     traces, blocks, block_sizes, prefix_caching, eviction, max_batch, step_ms, limit, \
-max_seq_len, max_prefill_tokens
+max_seq_len, max_prefill_tokens, sliding_window, attention_chunk_size
         The grid; see :func:`make_grid`.
     out : str or path-like, optional
         Output folder: rows are appended to ``results.jsonl`` and ``results.csv`` as each task
@@ -655,6 +697,8 @@ max_seq_len, max_prefill_tokens
         limit=limit,
         max_seq_len=max_seq_len,
         max_prefill_tokens=max_prefill_tokens,
+        sliding_window=sliding_window,
+        attention_chunk_size=attention_chunk_size,
     )
     check_traces(points)
     store = ResultStore(out) if out is not None else None
