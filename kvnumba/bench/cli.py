@@ -24,7 +24,8 @@ EXIT_USAGE = 2
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvnumba bench",
-        description="Run the standard workloads (decode, fork, churn, micro; defined in the "
+        description="Run the standard workloads (decode, decode-window, fork, churn, micro; "
+        "defined in the "
         "module kvnumba.bench.workloads) on kvnumba and on the pure-Python reference, in the "
         "same process, and compare.",
     )
@@ -34,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
         "--workload",
         action="append",
         metavar="NAME",
-        help="run only this workload (repeatable): decode, fork, fork-nofork, churn, micro "
+        help="run only this workload (repeatable): decode, decode-window (decode on managers "
+        "with a 1024-token sliding window), fork, fork-nofork, churn, micro "
         "(all micro-K), micro-K or engine (one request per call: admit_one, append_one)",
     )
     p.add_argument(
@@ -155,7 +157,7 @@ def _fmt_counter(row: dict, key: str) -> str:
 def _print_table(doc: dict) -> None:
     rows = doc["workloads"]
     head = (
-        f"{'workload':<12} {'steps':>5} {'kvnumba':>12} {'reference':>12} {'ratio':>7}  "
+        f"{'workload':<14} {'steps':>5} {'kvnumba':>12} {'reference':>12} {'ratio':>7}  "
         f"{'blocks':>8} {'COW':>6} {'evict':>7} {'failed':>6}  agree"
     )
     mode = "quick" if doc["quick"] else "full"
@@ -165,7 +167,7 @@ def _print_table(doc: dict) -> None:
     print("-" * len(head))
     for r in rows:
         print(
-            f"{r['workload']:<12} {r['steps']:>5} {r['kvnumba']['us_per_step']:>12.2f} "
+            f"{r['workload']:<14} {r['steps']:>5} {r['kvnumba']['us_per_step']:>12.2f} "
             f"{r['reference']['us_per_step']:>12.2f} {r['ratio']:>6.1f}x  "
             f"{_fmt_counter(r, 'allocations'):>8} {_fmt_counter(r, 'cow_copies'):>6} "
             f"{_fmt_counter(r, 'evictions'):>7} {_fmt_counter(r, 'failures'):>6}  "

@@ -131,12 +131,14 @@ def replay(workload: Workload, manager_cls, *, check: bool = False):
         What the replay did.
     """
     wl = workload
+    window = {} if wl.sliding_window is None else {"sliding_window": wl.sliding_window}
     mgr = manager_cls(
         wl.num_blocks,
         wl.block_size,
         max_seqs=wl.max_seqs,
         max_seq_len=wl.max_seq_len,
         prefix_caching=True,
+        **window,
     )
     seq = np.full(wl.num_seqs, -1, dtype=np.int64)  # local id -> manager id
     live = np.zeros(wl.num_seqs, dtype=bool)

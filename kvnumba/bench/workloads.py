@@ -17,6 +17,7 @@ replay maps them onto the ids a manager hands out.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -60,6 +61,8 @@ class Workload:
     op_ptr : numpy.ndarray of int64, shape (num_ops + 1,)
     step_ptr : numpy.ndarray of int64, shape (num_steps + 1,)
     ids, vals : numpy.ndarray of int64, shape (op_ptr[-1],)
+    sliding_window : int or None
+        The managers' sliding window in tokens (``decode-window``); None: full attention.
     """
 
     name: str
@@ -76,6 +79,7 @@ class Workload:
     step_ptr: np.ndarray
     ids: np.ndarray
     vals: np.ndarray
+    sliding_window: int | None = None
 
     @property
     def num_steps(self) -> int:
@@ -218,7 +222,13 @@ def _decode_step(b: _Builder, active: np.ndarray, left: np.ndarray):
     return finished, active[~done], left[~done]
 
 
-def decode(steps: int = 2000, batch: int = 256, *, num_blocks: int = 65536) -> Workload:
+def decode(
+    steps: int = 2000,
+    batch: int = 256,
+    *,
+    num_blocks: int = 65536,
+    sliding_window: int | None = None,
+) -> Workload:
     """W-decode: continuous-batching decode with ``batch`` concurrent sequences.
 
     Parameters
@@ -229,6 +239,9 @@ def decode(steps: int = 2000, batch: int = 256, *, num_blocks: int = 65536) -> W
         Concurrent sequences (256).
     num_blocks : int
         Pool size the workload is run with (65536).
+    sliding_window : int, optional
+        Run it on managers with this sliding window (``decode-window``: the same operations,
+        while blocks leave each sequence's window as it grows).
 
     Returns
     -------
@@ -257,7 +270,10 @@ def decode(steps: int = 2000, batch: int = 256, *, num_blocks: int = 65536) -> W
         finished, active, left = _decode_step(b, active, left)
         new, outs = admit(len(finished))
         active, left = np.concatenate([active, new]), np.concatenate([left, outs])
-    return b.build("decode", num_blocks)
+    wl = b.build("decode", num_blocks)
+    if sliding_window is None:
+        return wl
+    return dataclasses.replace(wl, name="decode-window", sliding_window=sliding_window)
 
 
 def fork(
@@ -408,6 +424,8 @@ def micro(k: int, reps: int = 50, *, num_blocks: int = 65536) -> Workload:
 
 
 MICRO_KS = (1, 16, 256, 4096)
+#: The sliding window of ``decode-window`` (tokens): Gemma 3's local layers use 1024.
+DECODE_WINDOW = 1024
 
 # Step counts of ``--quick`` runs (CI smoke): long enough for every operation kind, copy-on-write,
 # evictions and at least one allocation failure of W-churn to show up.
@@ -425,11 +443,13 @@ def standard(quick: bool = False) -> dict[str, Callable[[], Workload]]:
     Returns
     -------
     dict of str to callable
-        ``decode``, ``fork``, ``fork-nofork``, ``churn``, ``micro-1`` ... ``micro-4096``.
+        ``decode``, ``decode-window``, ``fork``, ``fork-nofork``, ``churn``, ``micro-1`` ...
+        ``micro-4096``.
     """
     q = QUICK_STEPS if quick else {"decode": 2000, "fork": 2000, "churn": 5000, "micro": 50}
     out: dict[str, Callable[[], Workload]] = {
         "decode": lambda: decode(q["decode"]),
+        "decode-window": lambda: decode(q["decode"], sliding_window=DECODE_WINDOW),
         "fork": lambda: fork(q["fork"]),
         "fork-nofork": lambda: fork(q["fork"], share=False),
         "churn": lambda: churn(q["churn"]),
