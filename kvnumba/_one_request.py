@@ -58,9 +58,10 @@ class OneRequest:
         g = self.arenas.geometry
         self.block_size, self.max_seq_len = g.block_size, g.max_seq_len
         # The one-request kernels that change state exist for LRU managers without a page
-        # pool; other managers are served by the batched calls (lookups read state only).
-        self.fast = pipeline.pages is None and g.eviction == 0
+        # pool; other managers are served by the batched calls (lookups read state only, but
+        # a windowed lookup needs the window code, which only the extended kernels have).
         self.windowed = bool(g.window or g.chunk)
+        self.fast = pipeline.pages is None and g.eviction == 0 and not self.windowed
 
     def append_one(
         self, manager, seq_id, count, key_start, keys, tried=False
@@ -202,6 +203,7 @@ class OneRequest:
         # An engine's common call first, with the fewest tests, as in admit_one.
         if (
             self.block_keys
+            and not self.windowed
             and max_hit_blocks is None
             and type(keys) is np.ndarray
             and keys.dtype is UINT64
@@ -219,7 +221,7 @@ class OneRequest:
         length, salt = as_int(length, "length"), as_int(salt, "salt")
         cap = CAP_NONE if max_hit_blocks is None else as_int(max_hit_blocks, "max_hit_blocks")
         keys = key_array(keys)
-        if self.block_keys and cap >= 0 and 1 <= length <= self.max_seq_len:
+        if self.block_keys and not self.windowed and cap >= 0 and 1 <= length <= self.max_seq_len:
             status, _, hits = self.kernels.k_lookup_one_keys(
                 length, salt, keys, cap, *self.arenas.one_args
             )

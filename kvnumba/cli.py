@@ -86,8 +86,8 @@ def _compile(args: list[str]) -> int:
     parser.add_argument(
         "--policies",
         action="store_true",
-        help="also the versions for the eviction policies other than LRU (one compile serves "
-        "them all; docs/eviction.md)",
+        help="also the extended versions, for the eviction policies other than LRU and for "
+        "windowed attention (one compile serves them all; docs/eviction.md, docs/windows.md)",
     )
     parser.add_argument("--quiet", action="store_true", help="print nothing")
     options = parser.parse_args(args)

@@ -155,7 +155,9 @@ class BlockManager:
         self._geometry = geometry
         self._id_tag = new_tag(self)
         self._arenas = Arenas(geometry, self._id_tag, on_evict is not None)
-        self._kernels = KernelSet(page_pool is not None, policy=geometry.eviction != 0)
+        # A policy other than LRU, or a window: the kernels' extended version (``docs/design.md``).
+        extended = geometry.eviction != 0 or geometry.window != 0 or geometry.chunk != 0
+        self._kernels = KernelSet(page_pool is not None, policy=extended)
         self._policy = EvictionPolicy(geometry, self._arenas, self._kernels)
         self._facts = Facts(self._arenas, self._kernels)
         self._keys = EngineKeys(self._arenas, self._kernels, self._facts, block_keys, block_events)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kvnumba.bench import runner, workloads
+from kvnumba.bench.cli import OPT_IN
 from kvnumba.bench.workloads import OP_ADMIT, OP_DECODE, OP_FORK, OP_PREFILL, OP_RELEASE
 from kvnumba.reference import ReferenceBlockManager
 
@@ -162,7 +163,9 @@ def test_bench_quick_json_exits_zero():
     doc = json.loads(proc.stdout)
     assert doc["agree"] and doc["quick"]
     names = [row["workload"] for row in doc["workloads"]]
-    assert names == list(workloads.standard(quick=True))
+    # Every standard workload but those run only when named (decode-window).
+    assert names == [n for n in workloads.standard(quick=True) if n not in OPT_IN]
+    assert "decode-window" in workloads.standard(quick=True) and "decode-window" in OPT_IN
     for row in doc["workloads"]:
         assert row["kvnumba"]["median_ns"] > 0 and row["reference"]["median_ns"] > 0
     assert {b["budget"] for b in doc["budgets"]} >= {
@@ -217,3 +220,22 @@ def test_bench_exits_nonzero_when_the_implementations_disagree(monkeypatch, caps
     monkeypatch.setattr(cli, "_load_impl", lambda name: Miscounting)
     assert cli.main(["--quick", "--workload", "micro-16"]) == cli.EXIT_DISAGREE
     assert "DISAGREE" in capsys.readouterr().out
+
+
+def test_decode_window_releases_blocks_and_both_implementations_agree():
+    """The windowed decode replays the same operations as W-decode: as many blocks are
+    allocated, the tables differ (released positions), and kvnumba and the reference agree
+    on every counter and on the final tables."""
+    pytest.importorskip("kvnumba.manager")
+    import kvnumba
+
+    plain = workloads.decode(20, 16, num_blocks=4096)
+    windowed = workloads.decode(20, 16, num_blocks=4096, sliding_window=256)
+    assert windowed.name == "decode-window" and windowed.sliding_window == 256
+    assert np.array_equal(plain.ids, windowed.ids) and np.array_equal(plain.vals, windowed.vals)
+    fast = runner.replay(windowed, kvnumba.BlockManager, check=True)
+    ref = runner.replay(windowed, ReferenceBlockManager, check=True)
+    assert fast[3] == ref[3]
+    full = runner.replay(plain, kvnumba.BlockManager)[3]
+    assert fast[3].allocations == full.allocations
+    assert fast[3].final_blocks != full.final_blocks

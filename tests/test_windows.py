@@ -16,6 +16,7 @@ import kvnumba
 from kvnumba import NULL_BLOCK, BlockManager, InvalidGeometry, InvariantViolation, PoolExhausted
 from kvnumba.ids import split_id
 from kvnumba.reference import ReferenceBlockManager
+from kvnumba.state import BlockFlag
 
 N = NULL_BLOCK
 
@@ -240,3 +241,84 @@ def test_check_catches_a_full_attention_manager_with_a_null_entry():
     mgr._arenas.s.seq_table[_slot(mgr, s), 0] = N
     with pytest.raises(InvariantViolation, match="left the window"):
         mgr.check()
+
+
+def keys_for(n, offset=0):
+    """``n`` distinct engine keys (uint64[n, 4])."""
+    rows = np.arange(offset, offset + n, dtype=np.uint64)
+    return np.stack([rows + 1, rows * 7 + 3, rows ^ 5, rows + 11], axis=1)
+
+
+def test_engine_keys_of_a_windowed_prompt_hit_its_last_window():
+    mgr = BlockManager(32, 4, block_keys=True, sliding_window=5)  # w = 1 block
+    keys = keys_for(5)
+    (s,) = mgr.admit(None, [20], keys=keys).ids
+    mgr.release([s])
+    mgr.evict([0, 1])
+    hits = mgr.lookup_one(length=20, keys=keys)
+    assert hits.tolist() == [N, N, N, 3]  # 4 blocks count as cached; one is reused
+    seq_id, cached = mgr.admit_one(length=20, keys=keys)
+    assert cached == 16 and table(mgr, seq_id)[:4] == [N, N, N, 3]
+    mgr.check()
+
+
+def test_keys_cannot_go_to_positions_that_left_the_window():
+    mgr = BlockManager(32, 4, block_keys=True, sliding_window=4)
+    (s,) = mgr.admit(None, [9]).ids  # no keys yet; L = 9
+    mgr.append([s], [3])  # first needed (9 - 3) // 4 = 1: block 0 leaves
+    with pytest.raises(ValueError, match="left its window"):
+        mgr.set_keys([s], [0], [1], keys_for(1))
+    before = mgr.snapshot()
+    # Growing from 12 releases block 1 first (first needed (12 - 3) // 4 = 2): its key has no
+    # block to go to, and nothing changes.
+    with pytest.raises(ValueError, match="left its window"):
+        mgr.append_one(s, 1, key_start=1, keys=keys_for(1))
+    for field, old in zip(before._fields, before, strict=True):
+        assert np.array_equal(getattr(mgr.state, field), old), field
+    mgr.append_one(s, 1, key_start=2, keys=keys_for(1, 2))  # a held block takes its key
+    assert mgr.state.block_flags[table(mgr, s)[2]] & BlockFlag.REGISTERED
+    mgr.check()
+
+
+def test_reset_prefix_cache_clears_the_anchor_of_a_windowed_sequence():
+    mgr = BlockManager(32, 4, sliding_window=3)  # w = 1: the parent leaves before the fill
+    (s,) = mgr.new_sequences(1)
+    mgr.append([s], [6], np.arange(6))
+    mgr.append([s], [1], [6])  # length 6: block 0 leaves, its hash becomes the anchor
+    assert table(mgr, s)[0] == N
+    mgr.reset_prefix_cache()
+    mgr.append([s], [1], [7])  # block 1 fills after the gap: content computed before the reset
+    assert not mgr.state.block_flags[table(mgr, s)[1]] & BlockFlag.HASHED
+    mgr.check()
+
+
+def test_a_windowed_manager_on_a_page_pool_gives_pages_back_as_blocks_leave():
+    pool = kvnumba.PagePool(4)
+    mgr = BlockManager(
+        8, 4, page_pool=pool, blocks_per_page=2, sliding_window=4, prefix_caching=False
+    )
+    (s,) = mgr.admit(np.arange(16), [16]).ids  # four blocks, two pages
+    assert pool.num_free == 2
+    mgr.append([s], [1], [16])  # first needed (16 - 3) // 4 = 3: blocks 0, 1, 2 leave
+    # Page 0 (blocks 0, 1) is empty and goes back to the pool; the new tail takes block 2,
+    # free in page 1, which stays mapped: no page is mapped for it.
+    assert table(mgr, s) == [N, N, N, 3, 2]
+    assert pool.num_free == 3
+    mgr.check()
+    pool.check()
+
+
+def test_non_atomic_windowed_append_counts_each_sequences_own_release_only():
+    mgr = BlockManager(4, 4, sliding_window=4, prefix_caching=False, max_seq_len=64)
+    a, b = mgr.admit(np.arange(16), [12, 4]).ids  # a: blocks 0-2, b: block 3; pool full
+    # Atomic: b needs 2 blocks, a needs 1; a's window releases blocks 0 and 1: 3 > 2.
+    with pytest.raises(PoolExhausted) as err:
+        mgr.append([b, a], [5, 1])
+    assert (err.value.needed, err.value.available) == (3, 2)
+    # In order: b comes first and its own window releases nothing, so it fails untouched;
+    # a fits with what its window releases.
+    result = mgr.append([b, a], [5, 1], atomic=False)
+    assert result.ok.tolist() == [False, True]
+    assert table(mgr, b) == [3] and table(mgr, a) == [N, N, 2, 0]
+    assert mgr.stats().failed_calls == 2
+    mgr.check()

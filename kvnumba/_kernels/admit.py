@@ -16,12 +16,7 @@ from kvnumba._kernels.sequences import open_slot
 from kvnumba._kernels.undo import log_write, policy_log_rows_kernel, undo_log_rows_kernel
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
-from kvnumba._kernels.windows import (
-    prompt_anchor,
-    set_anchor,
-    windowed,
-    windowed_prompt_hits,
-)
+from kvnumba._kernels.windows import anchor_of, window_hits_of, windowed
 from kvnumba._state import (
     FIELD,
     M_CACHED,
@@ -142,7 +137,7 @@ def lookup_prefix(v, prompt, salt, limit, hits):
             num_cached += 1
         parent = h
     if win:
-        return windowed_prompt_hits(v, hits, limit, prompt.shape[0])
+        return window_hits_of(v.arena, v.scratch, v.pool, hits, limit, prompt.shape[0])
     return PromptHits(num_hits, num_cached, limit)
 
 
@@ -166,19 +161,6 @@ def prompt_hits(v, prompts, key_rows, caps, p, start, row, hits):
         return lookup_prefix(v, prompt, salt, limit, hits)
     limit = min(limit, key_rows.counts[p])
     return lookup_keys(v, key_rows.keys, row, salt, prompt, length, prompts.has_tokens, limit, hits)
-
-
-@out_of_line
-def admit_anchor(v, prompts, slot, start, first):
-    """The anchor of a windowed sequence just admitted with ``first`` leading ``NULL_BLOCK``
-    entries: the chained hash of its prompt's block ``first - 1`` (token ids and token hashes
-    only; else none)."""
-    known = first > 0 and prompts.has_tokens and v.meta[M_KEYED] == 0
-    h = np.uint64(0)
-    if known:
-        prompt = prompts.tokens[start : start + first * v.tokens.shape[1]]
-        h = prompt_anchor(v, prompt, v.seq_salt[slot], first)
-    set_anchor(v, slot, h, 1 if known else 0)
 
 
 @inlined
@@ -367,7 +349,8 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
             v.ref[b] += 1
             claimed += 1
         if windowed(v):
-            admit_anchor(v, prompts, slot, start, num_hits - claimed)
+            tail = prompts.tokens[start:]
+            anchor_of(arena, scratch, pool, tail, has_tokens, slot, num_hits - claimed)
         cached = num_hits * block_size
         log_write(v, FIELD.seq_len, slot, v.seq_len[slot])
         v.seq_len[slot] = cached

@@ -13,7 +13,7 @@ from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
-from kvnumba._kernels.windows import drop_out_of_window, window_gain, windowed
+from kvnumba._kernels.windows import drop_window, window_gain_of, windowed
 from kvnumba._state import (
     F_KNOWN,
     F_TRIMMED,
@@ -354,7 +354,7 @@ def append_need(ids, counts, slots, dropped, arena, scratch, pool):
     needed = total_need(v, slots, counts, dropped)
     available = free_now(v) + v.meta[M_CACHED]
     if windowed(v):
-        available += window_gain(v, slots, counts)
+        available += window_gain_of(arena, scratch, pool, slots, counts)
     return Outcome(ST_OK, -1, needed, available, 0)
 
 
@@ -388,7 +388,7 @@ def run_append(inputs, results, arena, scratch, pool):
         needed = total_need(v, slots, counts, results.cow_src)
         if win:
             # The blocks the call's windows release count for the call.
-            available += window_gain(v, slots, counts)
+            available += window_gain_of(arena, scratch, pool, slots, counts)
         if atomic and needed > available:
             scr[S_SHORT] = needed - available
             return Outcome(ST_POOL_EXHAUSTED, -1, needed, available, 0)
@@ -410,7 +410,7 @@ def run_append(inputs, results, arena, scratch, pool):
         # Every sequence's out-of-window blocks go before any sequence grows.
         for i in range(slots.shape[0]):
             if counts[i] > 0:
-                drop_out_of_window(v, slots[i])
+                drop_window(arena, scratch, pool, slots[i])
     offset = np.int64(0)
     for i in range(slots.shape[0]):
         # An atomic call already knows that everything fits; otherwise each sequence's need is
@@ -421,10 +421,10 @@ def run_append(inputs, results, arena, scratch, pool):
         if not atomic:
             need = blocks_needed(slots[i], counts[i], v.ref, block_size, v.seq_table, v.seq_len)
             if win and counts[i] > 0:
-                gain = window_gain(v, slots[i : i + 1], counts[i : i + 1])
+                gain = window_gain_of(arena, scratch, pool, slots[i : i + 1], counts[i : i + 1])
         if need <= remaining + gain:
             if win and not atomic and counts[i] > 0:
-                drop_out_of_window(v, slots[i])
+                drop_window(arena, scratch, pool, slots[i])
             remaining += gain
             growth = Growth(slots[i], counts[i], offset, offset)
             if not append_in_block(v, io, growth):

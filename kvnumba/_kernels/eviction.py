@@ -255,6 +255,8 @@ def enter_cache(v, b):
     """Block ``b`` was just appended to the LRU list (released into the cache)."""
     meta = v.meta
     policy = meta[M_POLICY]
+    if policy == 0:
+        return  # LRU: a windowed manager runs the extended kernels too
     clock = meta[M_POL_CLOCK]
     meta[M_POL_CLOCK] = clock + 1
     _set_word(v, b, W_STAMP, clock)
@@ -282,6 +284,8 @@ def leave_cache(v, b, how):
     which ``check()`` reports."""
     meta = v.meta
     policy = meta[M_POLICY]
+    if policy == 0:
+        return
     if how == EVICTED_VICTIM and (
         v.ref[b] != 0 or (policy != P_LFU and policy != P_SIEVE and pol_links(v)[b, L_KID] != NIL)
     ):
@@ -311,6 +315,8 @@ def choose_victim(v):
     """The cached block an allocation evicts (at least one is cached)."""
     meta = v.meta
     policy = meta[M_POLICY]
+    if policy == 0:
+        return np.int64(meta[M_LRU_HEAD])
     if policy == P_SIEVE:
         b = meta[M_HAND]
         if b == NIL:
@@ -341,6 +347,8 @@ def note_registered(v, b, prev, by_content):
     """Block ``b`` was just registered; ``prev`` is the previous block of its sequence (NIL for
     the first). ``by_content``: registered by its chained hash (else under an engine key)."""
     policy = v.meta[M_POLICY]
+    if policy == 0:
+        return
     _set_word(v, b, W_VALUE, -1 if policy == P_ORACLE else 0)
     if policy != P_LEAF and policy != P_ORACLE:
         return

@@ -75,6 +75,8 @@ def check_policy_state(st, seen):
     """
     meta = st.meta
     policy = meta[M_POLICY]
+    if policy == 0:
+        return 0, 0, 0  # LRU under the extended kernels (a windowed manager): no policy state
     num_blocks = st.ref.shape[0]
     links, words = pol_links(st), pol_words(st)
     heap, pos, kid = links[:, L_HEAP], links[:, L_POS], links[:, L_KID]

@@ -19,7 +19,7 @@ from kvnumba._kernels.prefix import table_insert
 from kvnumba._kernels.sequences import resolve, resolve_ids
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
-from kvnumba._kernels.windows import first_needed, windowed, windowed_prompt_hits
+from kvnumba._kernels.windows import first_needed, window_hits_of, windowed
 from kvnumba._state import (
     EMPTY,
     F_HASHED,
@@ -122,7 +122,7 @@ def lookup_keys(v, keys, row, salt, prompt, length, has_tokens, limit, hits):
         if v.ref[b] == 0:
             num_cached += 1
     if win:
-        return windowed_prompt_hits(v, hits, limit, length)
+        return window_hits_of(v.arena, v.scratch, v.pool, hits, limit, length)
     return PromptHits(num_hits, num_cached, limit)
 
 

@@ -86,7 +86,8 @@ def is_paged(views_type) -> bool:
 
 
 def is_policy(views_type) -> bool:
-    """Whether ``views_type`` is the views of a manager whose eviction policy is not LRU."""
+    """Whether ``views_type`` is the views of the kernels' extended version: that of a
+    manager whose eviction policy is not LRU, or that serves a window (``windows.py``)."""
     return views_type.types[-3].layout == "A"
 
 

@@ -2,19 +2,27 @@
 releases, and the hit rule of a windowed prompt.
 
 The rules themselves are the plain functions of :mod:`kvnumba.windows`, compiled here as
-inlined helpers, so the kernels and the reference model run one statement of each. A manager
-without a window (``M_WINDOW == M_CHUNK == 0``) never reaches the out-of-line code below: its
-calls pay one test of two ``meta`` slots.
+inlined helpers, so the kernels and the reference model run one statement of each.
+
+A windowed manager runs the kernels' extended version, the one managers with an eviction
+policy other than LRU run (its state arena typed with layout 'A', ``views.is_policy``). The
+workers reach the window code through the hooks at the end of this module (``windowed``,
+``drop_window``, ``window_gain_of``, ``window_hits_of``, ``anchor_of``): for a plain manager's
+views each is a constant or does nothing, so the plain kernels never compile the window code
+(compile time is part of the product), and for the extended views each tests the manager's
+window at run time.
 """
 
 import numpy as np
+from numba.core.extending import overload
 
 from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.outcomes import PromptHits
 from kvnumba._kernels.prefix import chain_hash, root_hash
 from kvnumba._kernels.undo import log_write
-from kvnumba._state import F_HASHED, FIELD, M_CHUNK, M_HASH_BITS, M_WINDOW, NULL_BLOCK
+from kvnumba._kernels.views import views
+from kvnumba._state import F_HASHED, FIELD, M_CHUNK, M_HASH_BITS, M_KEYED, M_WINDOW, NULL_BLOCK
 from kvnumba.windows import first_needed_block, window_hit
 
 first_needed_kernel = inlined(first_needed_block)
@@ -45,13 +53,16 @@ def set_anchor(v, slot, h, known):
 
 
 @out_of_line
-def drop_out_of_window(v, slot):
+def drop_out_of_window(arena, scratch, pool, slot):
     """Release the blocks of sequence ``slot`` that its next tokens cannot reach, highest
     position first, their entries set to ``NULL_BLOCK``; the highest one becomes the anchor.
 
     The released positions are a prefix of the table, so the walk stops at the first
-    ``NULL_BLOCK``: each block is released once, O(1) amortized per block.
+    ``NULL_BLOCK``: each block is released once, O(1) amortized per block. (The out-of-line
+    helpers here take the arenas, not the views: a call passing forty views costs far more
+    compile time than these helpers' bodies.)
     """
+    v = views(arena, scratch, pool)
     seq_table = v.seq_table
     width = seq_table.shape[1]
     pos = first_needed(v, v.seq_len[slot]) - 1
@@ -91,10 +102,11 @@ def _walk(v, slot, delta):
 
 
 @out_of_line
-def window_gain(v, slots, counts):
+def window_gain(arena, scratch, pool, slots, counts):
     """Blocks whose last reference the windows of the sequences ``slots`` grown by ``counts``
     release (only those grown by a token or more): what the call adds to what is available.
     The refcount drops are simulated and undone; nothing changes."""
+    v = views(arena, scratch, pool)
     gain = 0
     for i in range(slots.shape[0]):
         if counts[i] > 0:
@@ -106,11 +118,12 @@ def window_gain(v, slots, counts):
 
 
 @out_of_line
-def windowed_prompt_hits(v, hits, limit, length):
+def windowed_prompt_hits(arena, scratch, pool, hits, limit, length):
     """The :class:`.PromptHits` of a windowed prompt of ``length`` tokens whose lookup wrote
     every position's registered block (or -1) to ``hits[:limit]``: the window's rule decides
     the ``k`` blocks that count as cached; positions below the first needed one become
     ``NULL_BLOCK``, and only the blocks to claim count as cached hits."""
+    v = views(arena, scratch, pool)
     k, first = window_hit_kernel(
         hits, limit, length, v.tokens.shape[1], v.meta[M_WINDOW], v.meta[M_CHUNK]
     )
@@ -124,16 +137,20 @@ def windowed_prompt_hits(v, hits, limit, length):
 
 
 @out_of_line
-def prompt_anchor(v, prompt, salt, first):
-    """The chained hash of block ``first - 1`` of a prompt with token ids: the anchor of a
-    windowed sequence admitted with ``first`` leading ``NULL_BLOCK`` entries."""
+def admit_anchor(arena, scratch, pool, tokens, has_tokens, slot, first):
+    """The anchor of a windowed sequence just admitted with ``first`` leading ``NULL_BLOCK``
+    entries: the chained hash of its prompt's block ``first - 1`` (``tokens`` from the
+    prompt's first token; token ids and token hashes only, else none)."""
+    v = views(arena, scratch, pool)
     block_size = v.tokens.shape[1]
+    known = first > 0 and has_tokens and v.meta[M_KEYED] == 0
     h = root_hash()
-    for pos in range(first):
-        h = chain_hash(
-            h, salt, prompt[pos * block_size : (pos + 1) * block_size], v.meta[M_HASH_BITS]
-        )
-    return h
+    if known:
+        salt = v.seq_salt[slot]
+        for pos in range(first):
+            chunk = tokens[pos * block_size : (pos + 1) * block_size]
+            h = chain_hash(h, salt, chunk, v.meta[M_HASH_BITS])
+    set_anchor(v, slot, h if known else np.uint64(0), 1 if known else 0)
 
 
 @inlined
@@ -144,3 +161,68 @@ def window_gap(v, slot, length):
     if pos < v.seq_table.shape[1] and v.seq_table[slot, pos] == NULL_BLOCK:
         return pos
     return -1
+
+
+# --- the hooks: what a worker calls (nothing, or a constant, for a plain manager's arenas) -----
+# Each is an ``@overload`` chosen by the state arena's type: layout 'A' is the extended
+# version's (``views.is_policy``). Not inlined at numba's IR level: a plain manager's version is
+# a trivial function, compiled once, and never called (``windowed`` is False for it).
+_HOOK = {"_nrt": False}
+
+
+def _extended(arena) -> bool:
+    return arena.layout == "A"
+
+
+def drop_window(arena, scratch, pool, slot):
+    """:func:`drop_out_of_window` of sequence ``slot`` of a windowed manager."""
+    drop_out_of_window(arena, scratch, pool, slot)
+
+
+@overload(drop_window, jit_options=_HOOK)
+def _drop_window_impl(arena, scratch, pool, slot):
+    if _extended(arena):
+        return lambda arena, scratch, pool, slot: drop_out_of_window(arena, scratch, pool, slot)
+    return lambda arena, scratch, pool, slot: None
+
+
+def window_gain_of(arena, scratch, pool, slots, counts):
+    """:func:`window_gain` of a windowed manager's call."""
+    return window_gain(arena, scratch, pool, slots, counts)
+
+
+@overload(window_gain_of, jit_options=_HOOK)
+def _window_gain_of_impl(arena, scratch, pool, slots, counts):
+    if _extended(arena):
+        return lambda arena, scratch, pool, slots, counts: window_gain(
+            arena, scratch, pool, slots, counts
+        )
+    return lambda arena, scratch, pool, slots, counts: 0
+
+
+def window_hits_of(arena, scratch, pool, hits, limit, length):
+    """:func:`windowed_prompt_hits` of a windowed manager's prompt."""
+    return windowed_prompt_hits(arena, scratch, pool, hits, limit, length)
+
+
+@overload(window_hits_of, jit_options=_HOOK)
+def _window_hits_of_impl(arena, scratch, pool, hits, limit, length):
+    if _extended(arena):
+        return lambda arena, scratch, pool, hits, limit, length: windowed_prompt_hits(
+            arena, scratch, pool, hits, limit, length
+        )
+    return lambda arena, scratch, pool, hits, limit, length: PromptHits(0, 0, limit)
+
+
+def anchor_of(arena, scratch, pool, tokens, has_tokens, slot, first):
+    """:func:`admit_anchor` of a sequence a windowed manager just admitted."""
+    admit_anchor(arena, scratch, pool, tokens, has_tokens, slot, first)
+
+
+@overload(anchor_of, jit_options=_HOOK)
+def _anchor_of_impl(arena, scratch, pool, tokens, has_tokens, slot, first):
+    if _extended(arena):
+        return lambda arena, scratch, pool, tokens, has_tokens, slot, first: admit_anchor(
+            arena, scratch, pool, tokens, has_tokens, slot, first
+        )
+    return lambda arena, scratch, pool, tokens, has_tokens, slot, first: None

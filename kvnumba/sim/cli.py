@@ -398,10 +398,12 @@ def _main(argv: list[str], t_start: float) -> int:
     if not args.reference:
         from kvnumba.kernels import PLAIN, POLICY, prepare
 
-        # Says so if it must compile, before the progress bar; a policy other than LRU runs
-        # the kernels' policy versions.
+        # Says so if it must compile, before the progress bar; a policy other than LRU or a
+        # window runs the kernels' extended versions (the full-attention run the plain ones).
         policy = config.eviction != "lru"
         prepare(POLICY if policy else PLAIN, stream=sys.stderr, policy=policy)
+        if config.windowed and not policy:
+            prepare(POLICY, stream=sys.stderr, policy=True)
     with progress_bar(len(configs) * len(requests), "req", "simulate") as bar:
         try:
             factory = reference_manager_factory if args.reference else None

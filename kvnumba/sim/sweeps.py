@@ -384,7 +384,8 @@ def warm_kernels(policy: bool = False) -> None:
     Parameters
     ----------
     policy : bool
-        Also the kernels' versions for a policy other than LRU (a grid with such a policy).
+        Also the kernels' extended versions (a grid with a policy other than LRU, or a
+        window).
     """
     from kvnumba.kernels import LRU, POLICY, prepare
 
@@ -709,7 +710,11 @@ max_seq_len, max_prefill_tokens, sliding_window, attention_chunk_size
     workers = ran = 0
     if todo:
         # Before the cluster starts: compiling wants both cores.
-        warm_kernels(policy=any(p.eviction != "lru" for p in todo))
+        warm_kernels(
+            policy=any(
+                p.eviction != "lru" or p.sliding_window or p.attention_chunk_size for p in todo
+            )
+        )
         cache_dir = os.environ.get("NUMBA_CACHE_DIR")
         with _dask_client(scheduler, n_workers, cache_dir) as client:
             from distributed import as_completed
