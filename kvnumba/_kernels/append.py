@@ -13,7 +13,7 @@ from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
-from kvnumba._kernels.windows import drop_window, window_gain_of, windowed
+from kvnumba._kernels.windows import drop_window, has_drops, window_gain_of, windowed
 from kvnumba._state import (
     F_KNOWN,
     F_TRIMMED,
@@ -409,7 +409,7 @@ def run_append(inputs, results, arena, scratch, pool):
     if win and atomic:
         # Every sequence's out-of-window blocks go before any sequence grows.
         for i in range(slots.shape[0]):
-            if counts[i] > 0:
+            if counts[i] > 0 and has_drops(v, slots[i]):
                 drop_window(arena, scratch, pool, slots[i])
     offset = np.int64(0)
     for i in range(slots.shape[0]):
@@ -420,10 +420,10 @@ def run_append(inputs, results, arena, scratch, pool):
         gain = 0
         if not atomic:
             need = blocks_needed(slots[i], counts[i], v.ref, block_size, v.seq_table, v.seq_len)
-            if win and counts[i] > 0:
+            if win and counts[i] > 0 and has_drops(v, slots[i]):
                 gain = window_gain_of(arena, scratch, pool, slots[i : i + 1], counts[i : i + 1])
         if need <= remaining + gain:
-            if win and not atomic and counts[i] > 0:
+            if win and not atomic and counts[i] > 0 and has_drops(v, slots[i]):
                 drop_window(arena, scratch, pool, slots[i])
             remaining += gain
             growth = Growth(slots[i], counts[i], offset, offset)

@@ -42,6 +42,14 @@ def first_needed(v, length):
 
 
 @inlined
+def has_drops(v, slot):
+    """Whether sequence ``slot`` holds a block below its first needed position (inline: on a
+    decode step most sequences hold none, and skip the call to :func:`drop_window`)."""
+    pos = first_needed(v, v.seq_len[slot]) - 1
+    return pos >= 0 and v.seq_table[slot, pos] != NULL_BLOCK
+
+
+@inlined
 def set_anchor(v, slot, h, known):
     """The sequence's anchor: the hash a block filling after a ``NULL_BLOCK`` entry chains on
     (``known`` 0: none, the block stays unhashed). Logged: an atomic admit may roll it back."""
