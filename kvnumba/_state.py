@@ -249,6 +249,7 @@ STATE_FIELDS = (
         np.uint64,
         ("seqs", "two"),
         "Windowed attention: (hash, 1 if known) of the last block that left the window.",
+        False,
     ),
     Field(
         "slot_stack",

@@ -22,10 +22,14 @@ def test_generated_module_is_current():
 
 
 def test_views_name_every_field_in_table_order():
-    # Every field but the eviction policies' (carved by the policy code itself).
+    # Every field but the eviction policies' and the window anchors (carved where used).
     names = [f.name for f in (*STATE_FIELDS, *SCRATCH_FIELDS) if f.viewed]
     assert list(views.Views._fields) == [*names, "arena", "scratch", "pool"]
-    assert {f.name for f in STATE_FIELDS if not f.viewed} == {"pol_words", "pol_links"}
+    assert {f.name for f in STATE_FIELDS if not f.viewed} == {
+        "pol_words",
+        "pol_links",
+        "seq_anchor",
+    }
 
 
 def test_carved_views_are_the_state_arrays():
@@ -59,6 +63,22 @@ def test_the_policy_code_carves_the_policy_fields():
     for got, want in ((links, mgr.state.pol_links), (words, mgr.state.pol_words)):
         assert got.shape == want.shape and np.array_equal(got, want)
         assert np.shares_memory(got, want)
+
+
+def test_the_window_code_carves_the_anchors():
+    from kvnumba._kernels.anchors import seq_anchors
+
+    mgr = BlockManager(32, 4, max_seqs=4, sliding_window=3)
+    (s,) = mgr.new_sequences(1)
+    mgr.append([s], [8], np.arange(8))
+    mgr.append([s], [1], [8])  # block 0 leaves the window: its hash is the anchor
+    carve_views = njit(getattr(views.views, "py_func", views.views))
+    anchors = njit(lambda a, x: seq_anchors(carve_views(a, x, x)))(
+        mgr._arenas.arena, mgr._arenas.scratch
+    )
+    want = mgr.state.seq_anchor
+    assert anchors.shape == want.shape and np.array_equal(anchors, want)
+    assert np.shares_memory(anchors, want) and want[:, 1].sum() == 1
 
 
 @njit

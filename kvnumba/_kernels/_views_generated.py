@@ -31,7 +31,6 @@ def views(arena, scratch, pool):
         carve(arena, h[60], (h[61] >> 3,), np.int64),  # seq_gen
         carve(arena, h[65], (h[66] >> 3,), np.int64),  # seq_salt
         carve(arena, h[70], (h[71],), np.uint8),  # seq_live
-        carve(arena, h[75], (h[78], h[79]), np.uint64),  # seq_anchor
         carve(arena, h[80], (h[81] >> 2,), np.int32),  # slot_stack
         carve(arena, h[85], (h[86] >> 3,), np.int64),  # meta
         carve(arena, h[90], (h[91] >> 2,), np.int32),  # page_phys

@@ -11,6 +11,7 @@ returning a block to it) runs once per page event at most and is compiled once, 
 import numpy as np
 from numba import int64, void
 
+from kvnumba._kernels.anchors import seq_anchors
 from kvnumba._kernels.events import EVENT_REMOVED, EVENT_STORED, note_event
 from kvnumba._kernels.eviction import (
     CLAIMED,
@@ -206,9 +207,9 @@ def register_full_block(v, b, parent_block, salt, slot):
     if parent_block == NIL:
         parent = root_hash()
     elif parent_block == NULL_BLOCK:
-        if v.seq_anchor[slot, 1] == 0:
+        if seq_anchors(v)[slot, 1] == 0:
             return
-        parent = v.seq_anchor[slot, 0]
+        parent = seq_anchors(v)[slot, 0]
         parent_block = NIL  # a root of the cached prefix forest
     elif flags[parent_block] & F_HASHED:
         parent = v.block_hash[parent_block]

@@ -7,6 +7,7 @@ The only kernel that scans the whole pool. It returns the first inconsistency as
 import numpy as np
 from numba import njit
 
+from kvnumba._kernels.anchors import seq_anchors
 from kvnumba._kernels.eviction_check import POLICY_MESSAGES, policy_check
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import out_of_line
@@ -319,9 +320,9 @@ def check_state(arena, scratch, pool, counts, seen, marks):
         # after the blocks that left the window).
         parent = root_hash()
         if gone > 0:
-            if st.seq_anchor[s, 1] == 0:
+            if seq_anchors(st)[s, 1] == 0:
                 continue
-            parent = st.seq_anchor[s, 0]
+            parent = seq_anchors(st)[s, 0]
         for pos in range(gone, length // block_size):
             b = seq_table[s, pos]
             if (block_flags[b] & F_HASHED) == 0:

@@ -5,6 +5,7 @@ it writes anything, so no undo log is needed (``docs/design.md``, "Shrinking and
 conveniences"). Every worker is compiled once, out of line, and loaded only when first used.
 """
 
+from kvnumba._kernels.anchors import seq_anchors
 from kvnumba._kernels.blocks import drop_ref, evict_to_free, reclaim_tail
 from kvnumba._kernels.eviction import policy_unregistered
 from kvnumba._kernels.geometry import blocks_of
@@ -162,7 +163,7 @@ def run_reset_prefix_cache(arena, scratch, pool):
         if v.seq_live[s] == 0:
             continue
         if windowed(v):
-            v.seq_anchor[s, 1] = 0  # nothing chains on content computed before the reset
+            seq_anchors(v)[s, 1] = 0  # nothing chains on content computed before the reset
         for pos in range(blocks_of(v.seq_len[s], block_size)):
             b = seq_table[s, pos]
             if b == NULL_BLOCK:

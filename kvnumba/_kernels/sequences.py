@@ -10,6 +10,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import int64, types
 
+from kvnumba._kernels.anchors import seq_anchors
 from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined, out_of_line
@@ -190,8 +191,9 @@ def run_fork(slots, children, arena, scratch):
             seq_len[slot] = length
             for pos in range(nblocks):
                 seq_table[slot, pos] = seq_table[parent, pos]
-            v.seq_anchor[slot, 0] = v.seq_anchor[parent, 0]
-            v.seq_anchor[slot, 1] = v.seq_anchor[parent, 1]
+            anchors = seq_anchors(v)
+            anchors[slot, 0] = anchors[parent, 0]
+            anchors[slot, 1] = anchors[parent, 1]
         for pos in range(nblocks):
             b = seq_table[parent, pos]
             if b != NULL_BLOCK:

@@ -16,6 +16,7 @@ window at run time.
 import numpy as np
 from numba.core.extending import overload
 
+from kvnumba._kernels.anchors import seq_anchors
 from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.outcomes import PromptHits
@@ -53,11 +54,12 @@ def has_drops(v, slot):
 def set_anchor(v, slot, h, known):
     """The sequence's anchor: the hash a block filling after a ``NULL_BLOCK`` entry chains on
     (``known`` 0: none, the block stays unhashed). Logged: an atomic admit may roll it back."""
-    words = v.seq_anchor.view(np.int64)
+    anchors = seq_anchors(v)
+    words = anchors.view(np.int64)
     log_write(v, FIELD.seq_anchor, 2 * slot, words[slot, 0])
     log_write(v, FIELD.seq_anchor, 2 * slot + 1, words[slot, 1])
-    v.seq_anchor[slot, 0] = h
-    v.seq_anchor[slot, 1] = known
+    anchors[slot, 0] = h
+    anchors[slot, 1] = known
 
 
 @out_of_line
