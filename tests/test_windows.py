@@ -322,3 +322,29 @@ def test_non_atomic_windowed_append_counts_each_sequences_own_release_only():
     assert table(mgr, b) == [3] and table(mgr, a) == [N, N, 2, 0]
     assert mgr.stats().failed_calls == 2
     mgr.check()
+
+
+def test_window_hooks_do_nothing_for_a_plain_managers_arena():
+    """The plain kernels never compile the window code: each hook's version for a plain
+    manager's arena (layout 'C') is a stub, the extended arena's (layout 'A') calls the helper."""
+    from numba import types
+
+    from kvnumba._kernels import windows as w
+    from kvnumba._kernels.outcomes import PromptHits
+
+    plain, extended = (types.Array(types.uint8, 1, layout) for layout in "CA")
+    vec, i64 = types.Array(types.int64, 1, "C"), types.int64
+    hooks = {
+        w._drop_window_impl: ((i64,), None, "drop_out_of_window"),
+        w._window_gain_of_impl: ((vec, vec), 0, "window_gain"),
+        w._window_hits_of_impl: ((vec, i64, i64), PromptHits(0, 0, 3), "windowed_prompt_hits"),
+        w._anchor_of_impl: ((vec, types.boolean, i64, i64), None, "admit_anchor"),
+    }
+    for impl, (rest, stub_result, helper) in hooks.items():
+        stub = impl(plain, plain, plain, *rest)
+        args = [None] * (3 + len(rest))
+        if impl is w._window_hits_of_impl:
+            args[4] = 3  # limit
+        assert stub(*args) == stub_result
+        assert helper not in stub.__code__.co_names
+        assert helper in impl(extended, extended, extended, *rest).__code__.co_names
