@@ -495,15 +495,7 @@ def format_policy_table(table: Sequence[dict]) -> str:
     """
     policies = list(dict.fromkeys(p for entry in table for p in entry["hit_rate"]))
     policies.sort(key=lambda p: SIMULATOR_POLICIES.index(p) if p in SIMULATOR_POLICIES else 99)
-    shown = (
-        "sliding_window",
-        "attention_chunk_size",
-        "block_size",
-        "prefix_caching",
-        "max_batch",
-        "step_ms",
-        "limit",
-    )
+    shown = [c for c in SERIES_COLUMNS if c != "eviction"]  # policies are the columns here
     varying = [c for c in shown if len({entry.get(c) for entry in table}) > 1]
     head = ["trace", *varying, "blocks", "ideal", *policies]
     lines = [head]
