@@ -175,8 +175,9 @@ def window_gap(v, slot, length):
 
 # --- the hooks: what a worker calls (nothing, or a constant, for a plain manager's arenas) -----
 # Each is an ``@overload`` chosen by the state arena's type: layout 'A' is the extended
-# version's (``views.is_policy``). Not inlined at numba's IR level: a plain manager's version is
-# a trivial function, compiled once, and never called (``windowed`` is False for it).
+# version's (``views.is_policy``). A plain manager's version is a trivial function, compiled
+# once and never called (``windowed`` is False for it). Not inlined at numba's IR level: such
+# an inlined stub in ``run_admit`` was seen to break the rollback of a failed logged admit.
 _HOOK = {"_nrt": False}
 
 
