@@ -346,7 +346,8 @@ def total_need(v, slots, counts, dropped):
 @out_of_line
 def append_need(ids, counts, slots, dropped, arena, scratch, pool):
     """``can_append``: validate like ``append``, then the blocks an atomic append takes and
-    what is available to it (with the blocks its windows release); returns an :class:`.Outcome` (its ``count`` is 0)."""
+    what is available to it (with the blocks its windows release); returns an
+    :class:`.Outcome` (its ``count`` is 0)."""
     v = views(arena, scratch, pool)
     check = validate_growth(v, ids, counts, ids[:0], False, slots)
     if check.status != ST_OK:
@@ -418,12 +419,14 @@ def run_append(inputs, results, arena, scratch, pool):
         # window releases.
         need = 0
         gain = 0
+        drops = False
         if not atomic:
             need = blocks_needed(slots[i], counts[i], v.ref, block_size, v.seq_table, v.seq_len)
-            if win and counts[i] > 0 and has_drops(v, slots[i]):
+            drops = win and counts[i] > 0 and has_drops(v, slots[i])
+            if drops:
                 gain = window_gain_of(arena, scratch, pool, slots[i : i + 1], counts[i : i + 1])
         if need <= remaining + gain:
-            if win and not atomic and counts[i] > 0 and has_drops(v, slots[i]):
+            if drops:
                 drop_window(arena, scratch, pool, slots[i])
             remaining += gain
             growth = Growth(slots[i], counts[i], offset, offset)

@@ -73,11 +73,11 @@ def drop_out_of_window(arena, scratch, pool, slot):
     compile time than these helpers' bodies.)
     """
     v = views(arena, scratch, pool)
+    if not has_drops(v, slot):
+        return
     seq_table = v.seq_table
     width = seq_table.shape[1]
     pos = first_needed(v, v.seq_len[slot]) - 1
-    if pos < 0 or seq_table[slot, pos] == NULL_BLOCK:
-        return
     top = seq_table[slot, pos]
     if v.block_flags[top] & F_HASHED:
         set_anchor(v, slot, v.block_hash[top], 1)
