@@ -25,6 +25,7 @@ from kvnumba.errors import (
 )
 from kvnumba.eviction import EVICTION_POLICIES
 from kvnumba.results import AdmitResult, AppendResult, BlockEvents, LookupResult, Stats
+from kvnumba.windows import KVCacheGroup
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,7 @@ __all__ = [
     "InvalidPosition",
     "InvalidSequence",
     "InvariantViolation",
+    "KVCacheGroup",
     "KVNumbaError",
     "LookupResult",
     "NULL_BLOCK",

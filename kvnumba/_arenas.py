@@ -43,7 +43,7 @@ from kvnumba._state import (
 from kvnumba._virtual_pages import check_pages
 from kvnumba.inputs import check_state_bytes, positive_int, switch
 from kvnumba.results import Stats
-from kvnumba.windows import window_geometry
+from kvnumba.windows import group_geometry, window_geometry
 
 #: Eviction records and undo-log rows of a new manager's scratch arena.
 FIRST_ROWS = 64
@@ -251,6 +251,7 @@ def validated_geometry(
     eviction=0,
     sliding_window=None,
     attention_chunk_size=None,
+    kv_cache_groups=None,
 ) -> Geometry:
     """The validated :class:`Geometry` of a new manager.
 
@@ -287,7 +288,11 @@ def validated_geometry(
     )
     if not 0 <= hash_bits <= 64:
         raise bad("_hash_bits must be in [0, 64]")
-    window, chunk = window_geometry(sliding_window, attention_chunk_size, block_size)
+    groups = (window_geometry(sliding_window, attention_chunk_size, block_size),)
+    if kv_cache_groups is not None:
+        if groups != ((0, 0),):
+            raise bad("give the attention kind in kv_cache_groups, not also on the manager")
+        groups = group_geometry(kv_cache_groups, block_size)
     return Geometry(
         num_blocks=num_blocks,
         block_size=block_size,
@@ -301,8 +306,7 @@ def validated_geometry(
         block_events=block_events,
         hash_bits=hash_bits,
         eviction=eviction,
-        window=window,
-        chunk=chunk,
+        groups=groups,
     )
 
 

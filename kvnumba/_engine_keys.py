@@ -99,7 +99,8 @@ class EngineKeys:
         """
         if tokens is None and not self.block_keys:
             raise ValueError("tokens may be None only with block_keys=True")
-        tokens_in, lengths, salts = prompt_arrays(tokens, lengths, salts)
+        groups = len(self.arenas.geometry.groups)
+        tokens_in, lengths, salts = prompt_arrays(tokens, lengths, salts, groups)
         has_tokens, n = tokens is not None, lengths.shape[0]
         if keys is None:
             if self.block_keys:
@@ -161,7 +162,7 @@ class EngineKeys:
         -------
         LookupResult
             ``num_cached_tokens`` per prompt and ``block_ids`` (int32, one row per prompt,
-            padded with -1).
+            padded with -1; shape ``(prompts, groups, width)`` with several KV cache groups).
 
         Raises
         ------
@@ -184,6 +185,9 @@ class EngineKeys:
         if status:
             named = {"lengths": lengths, "tokens": tokens_in, "key_counts": key_counts}
             raise failure(self.facts, status, bad, caps=caps, **named)
+        groups = len(self.arenas.geometry.groups)
+        if groups > 1:
+            block_ids = block_ids.reshape(lengths.shape[0], groups, block_ids.shape[1])
         return LookupResult(num_cached_tokens, block_ids)
 
     def set_keys(self, ids, starts, counts, keys) -> int:

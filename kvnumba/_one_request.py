@@ -17,7 +17,7 @@ import numpy as np
 from kvnumba import errors as E
 from kvnumba._engine_keys import key_array
 from kvnumba._kernels.entry import ADMIT_ONE_CACHED, ADMIT_ONE_ID, APPEND_ONE_RESULT, STATUS
-from kvnumba._state import NIL, NULL_BLOCK
+from kvnumba._state import NULL_BLOCK
 from kvnumba.ids import split_id
 from kvnumba.inputs import CAP_NONE, INT64, NO_KEYS, NO_TOKENS, UINT64, index_array
 from kvnumba.windows import first_needed_block
@@ -60,7 +60,7 @@ class OneRequest:
         # The one-request kernels that change state exist for LRU managers without a page
         # pool; other managers are served by the batched calls (lookups read state only, but
         # a windowed lookup needs the window code, which only the extended kernels have).
-        self.windowed = bool(g.window or g.chunk)
+        self.windowed = g.windowed
         self.fast = pipeline.pages is None and g.eviction == 0 and not self.windowed
 
     def append_one(
@@ -104,7 +104,9 @@ class OneRequest:
                 low = int((held == NULL_BLOCK).sum())  # the released prefix
                 if count > 0 and keys.shape[0] > 0:
                     g = self.arenas.geometry
-                    low = max(low, first_needed_block(before, g.block_size, g.window, g.chunk))
+                    slot = split_id(seq_id, g.max_seqs)[2]
+                    window, chunk = g.groups[int(self.arenas.s.seq_salt[slot]) % len(g.groups)]
+                    low = max(low, first_needed_block(before, g.block_size, window, chunk))
             if key_start < low or key_start + keys.shape[0] > length // self.block_size:
                 self._bad_keys(E.ST_BAD_KEY_POSITION, seq_id, key_start, keys)
         result = manager.append(ids, np.array([count], dtype=np.int64))
@@ -173,7 +175,9 @@ class OneRequest:
             key_counts=[keys.shape[0]] if keyed else None,
             max_hit_blocks=max_hit_blocks,
         )
-        return int(result.ids[0]), int(result.num_cached_tokens[0])
+        ids = result.ids[0]  # one id per KV cache group with several
+        seq_ids = int(ids) if ids.ndim == 0 else tuple(int(i) for i in ids)
+        return seq_ids, int(result.num_cached_tokens[0])
 
     def lookup_one(self, *, length, salt=0, keys, max_hit_blocks=None) -> np.ndarray:
         """The blocks ``admit_one(None, length=..., keys=...)`` would reuse now, claiming
@@ -235,8 +239,10 @@ class OneRequest:
             key_counts=[keys.shape[0]],
             max_hit_blocks=max_hit_blocks,
         )
-        # -1 pads the row; a windowed prompt's leading NULL_BLOCK entries count as cached.
-        return result.block_ids[0][result.block_ids[0] != NIL].astype(np.int64)
+        # -1 pads the row; a windowed prompt's leading NULL_BLOCK entries count as cached. With
+        # several KV cache groups, one row per group.
+        hits = int(result.num_cached_tokens[0]) // self.block_size
+        return result.block_ids[0][..., :hits].astype(np.int64)
 
     def table_row(self, seq_id) -> np.ndarray:
         """The block table row of a live sequence: a read-only view of the state.

@@ -74,9 +74,15 @@ M_HAND = 36  # sieve: the hand (a cached block), or NIL
 # Victims a policy chose that it must never choose: a referenced block, or under the leaf
 # policies one with cached children (``check()`` reports any; a correct policy keeps it 0).
 M_POLICY_FAULTS = 37
-# Windowed attention (``kvnumba.windows``; both 0 for full attention, at most one set).
-M_WINDOW = 38  # sliding window in tokens
-M_CHUNK = 39  # chunked local attention: tokens per chunk
+# Windowed attention and KV cache groups (``kvnumba.windows``). A sequence's group is its
+# slot's salt modulo M_GROUPS (the kernels fold a prompt's group into its salt); group ``g``'s
+# sliding window and attention chunk in tokens are at M_GROUP_WINDOW + g and M_GROUP_CHUNK + g
+# (0 for full attention, at most one of the two set).
+M_WINDOWS = 38  # 1: some group is windowed or there are several: the window code runs
+M_GROUPS = 39  # KV cache groups (1 but for a manager made with ``kv_cache_groups``)
+MAX_GROUPS = 8
+M_GROUP_WINDOW = 40
+M_GROUP_CHUNK = M_GROUP_WINDOW + MAX_GROUPS
 
 # --- columns of the eviction policies' per-block fields (``pol_words``, ``pol_links``) ------------
 W_VALUE = 0  # lfu, sieve: hits since registration; oracle: the next use (-1: never)
@@ -92,7 +98,7 @@ L_KID = 5  # first listed cached child, or -1
 L_SIB_PREV = 6  # back link among a parent's cached children
 L_SIB_NEXT = 7  # forward link among them
 POL_LINKS = 8
-META_SIZE = 40
+META_SIZE = M_GROUP_CHUNK + MAX_GROUPS
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
 S_LOG_N = 0  # undo-log entries written in this call
@@ -353,8 +359,9 @@ class Geometry(NamedTuple):
         Bits kept of the chained hash (64 but in collision tests).
     eviction : int
         The eviction policy's code (``kvnumba.eviction.POLICY_CODES``); 0 = LRU.
-    window, chunk : int
-        Sliding window and attention chunk in tokens (``kvnumba.windows``); 0 = unset.
+    groups : tuple of (int, int)
+        Every KV cache group's sliding window and attention chunk in tokens
+        (``kvnumba.windows``); 0 = unset. One group but for ``kv_cache_groups``.
     """
 
     num_blocks: int
@@ -369,8 +376,12 @@ class Geometry(NamedTuple):
     block_events: bool = False
     hash_bits: int = 64
     eviction: int = 0
-    window: int = 0
-    chunk: int = 0
+    groups: tuple = ((0, 0),)
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the window code runs: a windowed group, or several groups."""
+        return len(self.groups) > 1 or any(map(any, self.groups))
 
     @property
     def num_pages(self) -> int:
@@ -493,8 +504,11 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
     meta[M_EVENTS] = 1 if g.block_events else 0
     meta[M_POLICY] = g.eviction
     meta[M_HAND] = NIL
-    meta[M_WINDOW] = g.window
-    meta[M_CHUNK] = g.chunk
+    meta[M_GROUPS] = len(g.groups)
+    for i, (window, chunk) in enumerate(g.groups):
+        meta[M_GROUP_WINDOW + i] = window
+        meta[M_GROUP_CHUNK + i] = chunk
+    meta[M_WINDOWS] = 1 if len(g.groups) > 1 or any(map(any, g.groups)) else 0
     if g.eviction:
         for column in (L_POS, L_PARENT, L_KID, L_SIB_PREV, L_SIB_NEXT):
             state.pol_links[:, column] = NIL

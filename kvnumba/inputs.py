@@ -221,11 +221,12 @@ def count_arg(value, name: str, minimum: int) -> int:
     return value
 
 
-def prompt_arrays(tokens, lengths, salts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def prompt_arrays(tokens, lengths, salts, groups: int = 1) -> tuple[np.ndarray, ...]:
     """The token, length and salt vectors of an ``admit`` or ``lookup`` (salts default to 0).
 
     ``tokens`` may be None (an empty vector). Raises ``ValueError`` for salts of another
-    length than ``lengths``.
+    length than ``lengths``, or (a manager of ``groups`` KV cache groups, which keeps
+    ``salt * groups + group`` per sequence) a salt whose product would not fit in int64.
     """
     tokens_in = NO_TOKENS if tokens is None else index_array(tokens, "tokens")
     lengths = index_array(lengths, "lengths")
@@ -235,4 +236,10 @@ def prompt_arrays(tokens, lengths, salts) -> tuple[np.ndarray, np.ndarray, np.nd
         salts = index_array(salts, "salts")
         if salts.shape != lengths.shape:
             raise ValueError(f"salts has {salts.shape[0]} entries for {lengths.shape[0]} prompts")
+        if groups > 1 and salts.shape[0]:
+            low, high = -(2**63 // groups), (2**63 - groups) // groups
+            if salts.min() < low or salts.max() > high:
+                raise ValueError(
+                    f"salts of a manager of {groups} KV cache groups must lie in [{low}, {high}]"
+                )
     return tokens_in, lengths, salts

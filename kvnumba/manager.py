@@ -50,6 +50,7 @@ from kvnumba.inputs import (
     switch,
 )
 from kvnumba.results import AdmitResult, AppendResult, Stats
+from kvnumba.windows import KVCacheGroup
 
 DEFAULT_MAX_SEQS = 1024
 _INT64_MAX = np.iinfo(np.int64).max
@@ -113,6 +114,12 @@ class BlockManager:
         Chunked local attention with chunks of ``C`` tokens (a multiple of ``block_size``):
         blocks before the current chunk leave each sequence as it grows. Not with
         ``sliding_window``.
+    kv_cache_groups : sequence of KVCacheGroup, optional
+        Several KV cache groups over the one pool (a model whose layers differ in attention
+        kind): every prompt is admitted into each group, as one sequence per group, with the
+        hit all the groups' rules allow; ``admit`` and ``new_sequences`` return one column of
+        ids per group (``docs/windows.md``). Not with ``sliding_window`` or
+        ``attention_chunk_size``.
 
     Notes
     -----
@@ -138,6 +145,7 @@ class BlockManager:
         eviction: str = "lru",
         sliding_window: int | None = None,
         attention_chunk_size: int | None = None,
+        kv_cache_groups=None,
         _hash_bits: int = 64,
         _hindsight: bool = False,
     ):
@@ -146,6 +154,7 @@ class BlockManager:
         switches["eviction"] = policy_code(eviction, hindsight=_hindsight)
         switches["sliding_window"] = sliding_window
         switches["attention_chunk_size"] = attention_chunk_size
+        switches["kv_cache_groups"] = kv_cache_groups
         pages = (page_pool, blocks_per_page)
         sizes = (num_blocks, block_size, max_seqs, max_seq_len, reserved_blocks, _hash_bits)
         geometry = validated_geometry(*sizes, *pages, **switches)
@@ -155,8 +164,10 @@ class BlockManager:
         self._geometry = geometry
         self._id_tag = new_tag(self)
         self._arenas = Arenas(geometry, self._id_tag, on_evict is not None)
-        # A policy other than LRU, or a window: the kernels' extended version (``docs/design.md``).
-        extended = geometry.eviction != 0 or geometry.window != 0 or geometry.chunk != 0
+        # A policy other than LRU, a window or several groups: the kernels' extended version
+        # (``docs/design.md``).
+        extended = geometry.eviction != 0 or geometry.windowed
+        self._groups = len(geometry.groups)
         self._kernels = KernelSet(page_pool is not None, policy=extended)
         self._policy = EvictionPolicy(geometry, self._arenas, self._kernels)
         self._facts = Facts(self._arenas, self._kernels)
@@ -195,11 +206,23 @@ class BlockManager:
     block_keys = _geometry_property("block_keys", "Whether blocks carry engine keys.")
     eviction = property(lambda self: self._policy.name, doc="The eviction policy's name.")
     sliding_window = property(
-        lambda self: self._geometry.window or None, doc="Sliding window in tokens (or None)."
+        lambda self: self._single_group[0] or None,
+        doc="Sliding window in tokens (None: none, or several KV cache groups).",
     )
     attention_chunk_size = property(
-        lambda self: self._geometry.chunk or None, doc="Attention chunk in tokens (or None)."
+        lambda self: self._single_group[1] or None,
+        doc="Attention chunk in tokens (None: none, or several KV cache groups).",
     )
+    kv_cache_groups = property(
+        lambda self: tuple(KVCacheGroup(w or None, c or None) for w, c in self._geometry.groups),
+        doc="The KV cache groups (one but for a manager made with ``kv_cache_groups``).",
+    )
+
+    @property
+    def _single_group(self) -> tuple[int, int]:
+        groups = self._geometry.groups
+        return groups[0] if len(groups) == 1 else (0, 0)
+
     id_tag = property(lambda self: self._id_tag, doc="The tag of this manager's ids.")
     page_pool = property(lambda self: self._pages and self._pages.pool, doc="Its PagePool.")
     blocks_per_page = property(
@@ -212,16 +235,18 @@ class BlockManager:
     # ---------------------------------------------------------------------------- batched API
     def new_sequences(self, count: int) -> np.ndarray:
         """Create ``count`` (>= 0) empty sequences; returns their int64 ids
-        (``TooManySequences`` if fewer slots are free).
+        (``TooManySequences`` if fewer slots are free). With several KV cache groups, one
+        sequence per group each: ids of shape ``(count, groups)``.
         """
         if type(count) is not int or count < 0:
             count = count_arg(count, "count", 0)
-        if count > self._geometry.max_seqs:  # before anything is allocated for the ids
-            raise E.TooManySequences(count, self._facts.free_slots(), self.max_seqs)
-        status, ids = self._kernels.k_new_sequences(count, *self._arenas.args)
+        slots = count * self._groups
+        if slots > self._geometry.max_seqs:  # before anything is allocated for the ids
+            raise E.TooManySequences(slots, self._facts.free_slots(), self.max_seqs)
+        status, ids = self._kernels.k_new_sequences(slots, *self._arenas.args)
         if status:
-            self._pipeline.fail(status, -1, requested=count)
-        return ids
+            self._pipeline.fail(status, -1, requested=slots)
+        return ids if self._groups == 1 else ids.reshape(count, self._groups)
 
     def append(self, ids, counts, tokens=None, *, atomic: bool = True) -> AppendResult:
         """Grow each sequence ``ids[i]`` by ``counts[i]`` tokens; ``tokens`` holds their ids.
@@ -318,7 +343,7 @@ class BlockManager:
             return self._admit(self._kernels.k_admit_keys, inputs, atomic, named)
         if key_counts is not None:
             raise ValueError("key_counts without keys")
-        tokens_in, lengths, salts = prompt_arrays(tokens, lengths, salts)
+        tokens_in, lengths, salts = prompt_arrays(tokens, lengths, salts, self._groups)
         inputs = (tokens_in, lengths, salts, atomic)
         return self._admit(
             self._kernels.k_admit, inputs, atomic, {"lengths": lengths, "tokens": tokens_in}
@@ -327,12 +352,21 @@ class BlockManager:
     def _admit(self, kernel, inputs, atomic, named):
         """Run an admit kernel, its record buffers sized for its prompts."""
         prompts, arenas, blocks = named["lengths"].shape[0], self._arenas, self.num_blocks
+        build, groups = _new_admit_result, self._groups
+        if groups > 1:
+
+            def build(r):
+                ids, num_cached_tokens, slot_mapping, ok = r
+                return AdmitResult(
+                    ids.reshape(prompts, groups), num_cached_tokens, slot_mapping, ok
+                )
+
         return self._pipeline.run(
             kernel,
             inputs,
             atomic=atomic,
             grow=lambda r: arenas.grow_records(min(r[NEEDED], blocks), r[NEEDED], prompts),
-            build=_new_admit_result,
+            build=build,
             **named,
         )
 

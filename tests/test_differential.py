@@ -38,6 +38,7 @@ from test_stateful import lru_order
 from test_stateful_pages import kernel_cache_only, kernel_owners, reference_owners
 
 import kvnumba
+from kvnumba import KVCacheGroup
 from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
 from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
 
@@ -99,15 +100,27 @@ class Side:
         return out
 
 
-def random_window(rng, block_size: int) -> dict:
-    """Full attention for about half the managers, else a sliding window (shorter or longer
-    than a block) or chunked local attention of one to three blocks a chunk."""
+def random_kind(rng, block_size: int) -> dict:
+    """Full attention, a sliding window (shorter or longer than a block) or chunked local
+    attention of one to three blocks a chunk, about equally often."""
     draw = rng.random()
-    if draw < 0.5:
+    if draw < 0.35:
         return {}
-    if draw < 0.8:
+    if draw < 0.7:
         return {"sliding_window": int(rng.integers(1, 3 * block_size + 2))}
     return {"attention_chunk_size": block_size * int(rng.integers(1, 4))}
+
+
+def random_window(rng, block_size: int) -> dict:
+    """Full attention for about 40% of the managers, one windowed kind for 40%, and two or
+    three KV cache groups over the one pool (a hybrid model's) for the rest."""
+    draw = rng.random()
+    if draw < 0.4:
+        return {}
+    if draw < 0.8:
+        return random_kind(rng, block_size) or {"sliding_window": block_size + 1}
+    groups = [{}] + [random_kind(rng, block_size) for _ in range(int(rng.integers(1, 3)))]
+    return {"kv_cache_groups": [KVCacheGroup(**kind) for kind in groups]}
 
 
 def random_geometries(rng, paged: bool):
@@ -245,15 +258,19 @@ class Differential:
 
     def count_window_hits(self, who, result):
         """Count admitted prompts whose hit starts past a released position: the window rule
-        reused blocks behind a gap (what a full-attention lookup could not)."""
+        reused blocks behind a gap (what a full-attention lookup could not); and hits of
+        prompts admitted into several KV cache groups."""
         mgr = self.kv.managers[who]
-        for seq_id, cached in zip(result.ids, result.num_cached_tokens, strict=True):
+        rows = np.reshape(result.ids, (len(result.num_cached_tokens), -1))
+        for ids, cached in zip(rows, result.num_cached_tokens, strict=True):
             hit = int(cached) // mgr.block_size
-            if seq_id == -1 or hit == 0:
+            if ids[0] == -1 or hit == 0:
                 continue
-            row = mgr.block_tables([seq_id])[0][:hit]
-            if row[0] == kvnumba.NULL_BLOCK and (row >= 0).any():
-                self.counts["admit hit across a window"] += 1
+            if len(ids) > 1:
+                self.counts["admit hit in several KV cache groups"] += 1
+            for row in mgr.block_tables(ids)[:, :hit]:
+                if row[0] == kvnumba.NULL_BLOCK and (row >= 0).any():
+                    self.counts["admit hit across a window"] += 1
 
     def fork(self, who):
         pairs = self.pick(who, 2)
@@ -402,6 +419,7 @@ def test_differential_against_the_reference(capsys):
         "copy-on-write",
         "window released blocks",
         "admit hit across a window",
+        "admit hit in several KV cache groups",
         "sibling reclaim",
         "evict callback",
         "map callback",

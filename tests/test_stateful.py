@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import kvnumba
+from kvnumba import KVCacheGroup
 from kvnumba._state import F_TRIMMED, M_FREE_TOP, M_LRU_HEAD, NIL
 from kvnumba.eviction import EVICTION_POLICIES
 from kvnumba.reference import ReferenceBlockManager
@@ -48,15 +49,23 @@ class Evictions:
         self.calls.append((ids.tolist(), tokens.tolist()))
 
 
-def windows(block_size: int):
+def kinds(block_size: int):
     """Full attention, a sliding window (shorter or longer than a block) or chunked local
-    attention: the attention kind of a machine's managers (``docs/windows.md``)."""
+    attention, as ``BlockManager`` keywords."""
     return st.one_of(
-        st.just({}),
         st.just({}),
         st.builds(lambda w: {"sliding_window": w}, st.integers(1, 3 * block_size + 1)),
         st.builds(lambda c: {"attention_chunk_size": c * block_size}, st.integers(1, 3)),
     )
+
+
+def windows(block_size: int):
+    """The attention kind of a machine's managers (``docs/windows.md``): full attention, one
+    windowed kind, or a full-attention KV cache group and one or two others over one pool."""
+    groups = st.lists(kinds(block_size), min_size=1, max_size=2).map(
+        lambda rest: {"kv_cache_groups": [KVCacheGroup(**kind) for kind in [{}, *rest]]}
+    )
+    return st.one_of(st.just({}), kinds(block_size), groups)
 
 
 class KernelsVersusReference(RuleBasedStateMachine):
@@ -130,7 +139,7 @@ class KernelsVersusReference(RuleBasedStateMachine):
         kv, ref = self.both("new_sequences", count)
         if kv is not None:
             assert kv.tolist() == ref.tolist()
-            self.live += kv.tolist()
+            self.live += kv.ravel().tolist()  # one column per KV cache group with several
 
     @rule(data=st.data(), with_tokens=st.booleans(), atomic=st.booleans())
     def append(self, data, with_tokens, atomic):
@@ -160,7 +169,7 @@ class KernelsVersusReference(RuleBasedStateMachine):
         if kv is not None:
             for field in kv._fields:
                 assert np.array_equal(getattr(kv, field), getattr(ref, field)), field
-            self.live += [i for i in kv.ids.tolist() if i >= 0]
+            self.live += [i for i in kv.ids.ravel().tolist() if i >= 0]
             if kv.num_cached_tokens.any():
                 event("admit reused cached blocks")
             if not kv.ok.all():
@@ -482,7 +491,7 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
         if kv is None:
             return
         self.same_fields(kv, ref)
-        self.live += [i for i in kv.ids.tolist() if i >= 0]
+        self.live += [i for i in kv.ids.ravel().tolist() if i >= 0]
         if look is not None and n == 1 and kv.ok[0]:
             assert kv.num_cached_tokens[0] == look.num_cached_tokens[0]
         if kv.num_cached_tokens.any():
@@ -542,13 +551,15 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
                 lambda m: m.lookup(None, [length], salts=[salt], max_hit_blocks=cap, **kw),
             )
             if look is not None:
-                row = ref_look.block_ids[0]
-                # -1 pads the row; a windowed prompt's leading NULL_BLOCK entries are hits.
-                assert look.tolist() == row[row != -1].tolist()
+                # -1 pads the row (one row per KV cache group with several); a windowed
+                # prompt's leading NULL_BLOCK entries are hits.
+                hits = int(ref_look.num_cached_tokens[0]) // bs
+                assert look.tolist() == ref_look.block_ids[0][..., :hits].tolist()
 
         def ref_admit(m):
             r = m.admit(tokens, [length], salts=[salt], max_hit_blocks=cap, **kw)
-            return int(r.ids[0]), int(r.num_cached_tokens[0])
+            ids = r.ids[0]
+            return int(ids) if ids.ndim == 0 else tuple(map(int, ids)), int(r.num_cached_tokens[0])
 
         kv, ref = self.pair(
             "admit_one",
@@ -557,7 +568,7 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
         )
         if kv is not None:
             assert kv == ref
-            self.live.append(kv[0])
+            self.live += list(kv[0]) if isinstance(kv[0], tuple) else [kv[0]]
             if kv[1]:
                 event("admit_one reused cached blocks")
 
@@ -576,7 +587,7 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
         # below the first position its window needs: keys go to held blocks only.
         low = int((self.ref.block_tables([seq])[0] == kvnumba.NULL_BLOCK).sum())
         if count:
-            window = (self.kv.sliding_window or 0, self.kv.attention_chunk_size or 0)
+            window = self.ref._kind(self.ref._resolve(seq))
             low = max(low, first_needed_block(len(tokens) - count, bs, *window))
         start = data.draw(st.integers(min(low, full), full))
         keys = None

@@ -175,7 +175,7 @@ class PagesVersusReference(RuleBasedStateMachine):
         kv, ref = self.both(who, "new_sequences", count)
         if kv is not None:
             assert kv.tolist() == ref.tolist()
-            self.live[who] += kv.tolist()
+            self.live[who] += kv.ravel().tolist()
 
     @rule(who=WHO, data=st.data(), with_tokens=st.booleans(), atomic=st.booleans())
     def append(self, who, data, with_tokens, atomic):
@@ -199,7 +199,7 @@ class PagesVersusReference(RuleBasedStateMachine):
         if kv is not None:
             for field in kv._fields:
                 assert np.array_equal(getattr(kv, field), getattr(ref, field)), field
-            self.live[who] += [i for i in kv.ids.tolist() if i >= 0]
+            self.live[who] += [i for i in kv.ids.ravel().tolist() if i >= 0]
 
     @rule(who=WHO, prompt=st.lists(TOKENS, min_size=1, max_size=12))
     def cache_prompt(self, who, prompt):
@@ -208,7 +208,7 @@ class PagesVersusReference(RuleBasedStateMachine):
         kv, ref = self.both(who, "admit", prompt, [len(prompt)])
         if kv is not None:
             assert kv.ids.tolist() == ref.ids.tolist()
-            self.both(who, "release", kv.ids)
+            self.both(who, "release", kv.ids.ravel())
 
     @rule(who=WHO, data=st.data())
     def fork(self, who, data):

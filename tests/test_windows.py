@@ -334,10 +334,11 @@ def test_window_hooks_do_nothing_for_a_plain_managers_arena():
 
     plain, extended = (types.Array(types.uint8, 1, layout) for layout in "CA")
     vec, i64 = types.Array(types.int64, 1, "C"), types.int64
+    rows = types.Array(types.int64, 2, "C")
     hooks = {
         w._drop_window_impl: ((i64,), None, "drop_out_of_window"),
         w._window_gain_of_impl: ((vec, vec), 0, "window_gain"),
-        w._window_hits_of_impl: ((vec, i64, i64), PromptHits(0, 0, 3), "windowed_prompt_hits"),
+        w._window_hits_of_impl: ((rows, i64), PromptHits(0, 0, 3), "windowed_prompt_hits"),
         w._anchor_of_impl: ((vec, types.boolean, i64, i64), None, "admit_anchor"),
     }
     for impl, (rest, stub_result, helper) in hooks.items():
@@ -348,3 +349,19 @@ def test_window_hooks_do_nothing_for_a_plain_managers_arena():
         assert stub(*args) == stub_result
         assert helper not in stub.__code__.co_names
         assert helper in impl(extended, extended, extended, *rest).__code__.co_names
+
+
+def test_a_capped_chunked_hit_keeps_the_start_of_the_cap_s_chunk():
+    """Capped at 3 blocks, the first token computed (position 12) attends to its chunk
+    [8, 16), so the cached block of positions 8 .. 11 must be claimed, not skipped."""
+    for cls in (BlockManager, ReferenceBlockManager):
+        mgr = cls(64, 4, attention_chunk_size=8)
+        # 12 tokens: the last chunk starts at block 2, the only block this prompt needs.
+        first = mgr.admit(np.arange(12), [12]).ids
+        held = table(mgr, first[0])
+        assert held == [N, N, held[2]] and held[2] >= 0
+        mgr.release(first)
+        result = mgr.admit(np.arange(30), [30], max_hit_blocks=3)
+        assert result.num_cached_tokens.tolist() == [12]
+        assert table(mgr, result.ids[0])[:3] == [N, N, held[2]]
+        mgr.check()

@@ -12,14 +12,15 @@ from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.keys import lookup_keys, register_key
 from kvnumba._kernels.outcomes import Outcome, PromptHits, Status
 from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
-from kvnumba._kernels.sequences import open_slot
+from kvnumba._kernels.sequences import open_slot, resolve
 from kvnumba._kernels.undo import log_write, policy_log_rows_kernel, undo_log_rows_kernel
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
-from kvnumba._kernels.windows import anchor_of, window_hits_of, windowed
+from kvnumba._kernels.windows import anchor_of, group_salt, window_hits_of, windowed
 from kvnumba._state import (
     FIELD,
     M_CACHED,
+    M_GROUPS,
     M_HASH_BITS,
     M_KEYED,
     M_MAX_SEQ_LEN,
@@ -80,7 +81,8 @@ class KeyRows(NamedTuple):
 class AdmitOutputs(NamedTuple):
     """Where an admit writes its results."""
 
-    #: New sequence id of every prompt (filled with -1 by the caller).
+    #: New sequence id of every prompt in every KV cache group, ``ids[p * groups + g]``
+    #: (filled with -1 by the caller).
     ids: np.ndarray
     #: Cached tokens of every prompt (filled with 0 by the caller).
     num_cached_tokens: np.ndarray
@@ -88,7 +90,7 @@ class AdmitOutputs(NamedTuple):
     slot_mapping: np.ndarray
     #: Whether each prompt was admitted.
     ok: np.ndarray
-    #: Room for one prompt's hit blocks.
+    #: Room for one prompt's hit blocks: one row per KV cache group.
     hits: np.ndarray
 
 
@@ -97,11 +99,11 @@ class PromptCheck(NamedTuple):
 
     status: int
     bad: int
-    #: Tokens to compute at most (the slot mapping's size).
+    #: Tokens to compute at most, over all KV cache groups (the slot mapping's size).
     total: int
-    #: Blocks of all prompts (an upper bound on what the call takes).
+    #: Blocks of all prompts in all groups (an upper bound on what the call takes).
     bound: int
-    #: Blocks of the longest prompt (the hits' room).
+    #: Blocks of the longest prompt (the hits' room per group).
     longest: int
 
 
@@ -111,8 +113,8 @@ def lookup_prefix(v, prompt, salt, limit, hits):
 
     At most ``limit`` blocks are looked up (the caller's cap, never more than
     ``(len(prompt) - 1) // block_size``: the last prompt token is always computed); the walk
-    stops at the first miss, but for a windowed manager, whose rule (``windowed_prompt_hits``)
-    then decides. Returns the :class:`.PromptHits`. Once per prompt, out of line.
+    stops at the first miss, but for a windowed manager, which looks up every position and
+    whose rules then decide (``windowed_prompt_hits``, called by :func:`prompt_hits`). Returns the :class:`.PromptHits`. Once per prompt, out of line.
     """
     if v.meta[M_PREFIX_CACHING] == 0:
         return PromptHits(0, 0, limit)
@@ -136,31 +138,45 @@ def lookup_prefix(v, prompt, salt, limit, hits):
         if v.ref[b] == 0:
             num_cached += 1
         parent = h
-    if win:
-        return window_hits_of(v.arena, v.scratch, v.pool, hits, limit, prompt.shape[0])
     return PromptHits(num_hits, num_cached, limit)
 
 
 @inlined
 def prompt_hits(v, prompts, key_rows, caps, p, start, row, hits):
     """Cache hits of prompt ``p`` (token hashes from ``prompts.tokens[start:]``, or its keys
-    from ``key_rows`` row ``row``), as :class:`.PromptHits`. ``key_rows`` and ``caps`` are None
-    when not given: numba prunes those branches, so a token-mode admit compiles without the
-    key code."""
+    from ``key_rows`` row ``row``), as :class:`.PromptHits`; row ``g`` of ``hits`` gets KV
+    cache group ``g``'s blocks. ``key_rows`` and ``caps`` are None when not given: numba prunes
+    those branches, so a token-mode admit compiles without the key code."""
     length = prompts.lengths[p]
-    salt = prompts.salts[p]
     prompt = prompts.tokens[start : start + length]
     limit = (length - 1) // v.tokens.shape[1]
     if caps is not None:
         limit = min(limit, caps[p])
-    if key_rows is None:
-        return lookup_prefix(v, prompt, salt, limit, hits)
-    if v.meta[M_KEYED] == 0:
-        # A token-mode manager's admit with caps takes the keyed kernel with no keys (one
-        # compiled admit fewer): its blocks are found by their token hashes.
-        return lookup_prefix(v, prompt, salt, limit, hits)
-    limit = min(limit, key_rows.counts[p])
-    return lookup_keys(v, key_rows.keys, row, salt, prompt, length, prompts.has_tokens, limit, hits)
+    found = PromptHits(0, 0, limit)
+    for g in range(v.meta[M_GROUPS]):
+        salt = group_salt(v, prompts.salts[p], g)
+        if key_rows is None:
+            found = lookup_prefix(v, prompt, salt, limit, hits[g])
+        elif v.meta[M_KEYED] == 0:
+            # A token-mode manager's admit with caps takes the keyed kernel with no keys (one
+            # compiled admit fewer): its blocks are found by their token hashes.
+            found = lookup_prefix(v, prompt, salt, limit, hits[g])
+        else:
+            found = lookup_keys(
+                v,
+                key_rows.keys,
+                row,
+                salt,
+                prompt,
+                length,
+                prompts.has_tokens,
+                min(limit, key_rows.counts[p]),
+                hits[g],
+            )
+    if windowed(v) and v.meta[M_PREFIX_CACHING] != 0:
+        # Every position looked up in every group: the groups' rules decide together.
+        return window_hits_of(v.arena, v.scratch, v.pool, hits, found.queries)
+    return found
 
 
 @inlined
@@ -233,9 +249,11 @@ def validate_admit(prompts, key_rows, caps, opens_sequences, arena, scratch):
     for p in range(num_prompts):
         if lengths[p] > max_len:
             return PromptCheck(ST_TOO_LONG, p, 0, 0, 0)
-    if opens_sequences and num_prompts > v.meta[M_SLOT_TOP]:
+    # Each prompt opens a sequence in every KV cache group, all of the same length.
+    groups = v.meta[M_GROUPS]
+    if opens_sequences and num_prompts * groups > v.meta[M_SLOT_TOP]:
         return PromptCheck(ST_TOO_MANY_SEQS, -1, 0, 0, 0)
-    return PromptCheck(ST_OK, -1, total, bound, longest)
+    return PromptCheck(ST_OK, -1, total * groups, bound * groups, longest)
 
 
 @out_of_line
@@ -294,18 +312,18 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
     start = np.int64(0)  # the prompt's first token in prompts.tokens (stays 0 without token ids)
     row = np.int64(0)  # the prompt's first key row
     needed = np.int64(0)
+    groups = meta[M_GROUPS]
     for p in range(num_prompts):
         length = lengths[p]
-        salt = salts[p]
         found = prompt_hits(v, prompts, key_rows, caps, p, start, row, hits)
         num_hits, cached_hits = found.found, found.cached
-        need = blocks_of(length, block_size) - num_hits
+        need = groups * (blocks_of(length, block_size) - num_hits)
         if need > free_now(v) + meta[M_CACHED] - cached_hits:
             if not atomic:
                 scr[S_FAILED] += 1
-                for j in range(length if slot_mapping.shape[0] != 0 else 0):
+                for j in range(groups * length if slot_mapping.shape[0] != 0 else 0):
                     slot_mapping[out + j] = -1
-                out += length
+                out += groups * length
                 start += length if has_tokens else 0
                 row += 0 if key_rows is None else key_rows.counts[p]
                 continue
@@ -317,8 +335,8 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
             q_row = row + (0 if key_rows is None else key_rows.counts[p])
             for q in range(p + 1, num_prompts):
                 q_hits = prompt_hits(v, prompts, key_rows, caps, q, later, q_row, hits).found
-                needed += blocks_of(lengths[q], block_size) - q_hits
-                short += blocks_of(lengths[q], block_size) - q_hits
+                needed += groups * (blocks_of(lengths[q], block_size) - q_hits)
+                short += groups * (blocks_of(lengths[q], block_size) - q_hits)
                 later += lengths[q] if has_tokens else 0
                 q_row += 0 if key_rows is None else key_rows.counts[q]
             scr[S_SHORT] = short
@@ -326,48 +344,55 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
                 # The log stays on: the facade undoes the call (``k_rollback``), so that a
                 # program whose logged calls never fail never compiles the replay.
                 scr[S_SAVED_PAYLOAD] = saved_payload_flag
+            ids[:] = -1
             for q in range(num_prompts):
-                ids[q] = -1
                 num_cached_tokens[q] = 0
                 ok[q] = False
             return Outcome(ST_POOL_EXHAUSTED, p, needed, available, 0)
         needed += need
-        opened = open_slot(v, salt)
-        slot = opened.slot
-        ids[p] = opened.seq_id
-        claimed = 0
-        for pos in range(num_hits):
-            b = hits[pos]
-            log_write(v, FIELD.seq_table, slot * width + pos, v.seq_table[slot, pos])
-            v.seq_table[slot, pos] = b
-            if b < 0:
-                continue  # NULL_BLOCK: a windowed prompt does not need this block
-            policy_hit(v, b)
-            if v.ref[b] == 0:
-                claim_cached(v, b)
-            log_write(v, FIELD.ref, b, v.ref[b])
-            v.ref[b] += 1
-            claimed += 1
-        if windowed(v):
-            tail = prompts.tokens[start:]
-            anchor_of(arena, scratch, pool, tail, has_tokens, slot, num_hits - claimed)
         cached = num_hits * block_size
-        log_write(v, FIELD.seq_len, slot, v.seq_len[slot])
-        v.seq_len[slot] = cached
-        if meta[M_PREFIX_CACHING] != 0:
-            meta[M_PREFIX_QUERIES] += found.queries  # the cap and the keys bound it
-            meta[M_PREFIX_HITS] += claimed
-        # ``has_tokens`` is a run-time bool: the same compiled append_general as append's, not
-        # a copy specialised on a constant.
-        growth = Growth(slot, length - cached, start + cached, out)
-        append_general(arena, scratch, pool, io, growth, np.int64(0))
+        # Every group claims its hits before any grows: no group's new blocks may evict
+        # another group's hits.
+        for g in range(groups):
+            opened = open_slot(v, group_salt(v, salts[p], g))
+            slot = opened.slot
+            ids[p * groups + g] = opened.seq_id
+            claimed = 0
+            for pos in range(num_hits):
+                b = hits[g, pos]
+                log_write(v, FIELD.seq_table, slot * width + pos, v.seq_table[slot, pos])
+                v.seq_table[slot, pos] = b
+                if b < 0:
+                    continue  # NULL_BLOCK: a windowed prompt does not need this block
+                policy_hit(v, b)
+                if v.ref[b] == 0:
+                    claim_cached(v, b)
+                log_write(v, FIELD.ref, b, v.ref[b])
+                v.ref[b] += 1
+                claimed += 1
+            if windowed(v):
+                tail = prompts.tokens[start:]
+                anchor_of(arena, scratch, pool, tail, has_tokens, slot, num_hits - claimed)
+            log_write(v, FIELD.seq_len, slot, v.seq_len[slot])
+            v.seq_len[slot] = cached
+            if meta[M_PREFIX_CACHING] != 0:
+                meta[M_PREFIX_QUERIES] += found.queries  # the cap and the keys bound it
+                meta[M_PREFIX_HITS] += claimed
+        for g in range(groups):
+            slot = resolve(v, ids[p * groups + g]).slot
+            # ``has_tokens`` is a run-time bool: the same compiled append_general as append's,
+            # not a copy specialised on a constant.
+            growth = Growth(slot, length - cached, start + cached, out)
+            append_general(arena, scratch, pool, io, growth, np.int64(0))
+            if key_rows is not None:
+                salt = v.seq_salt[slot]
+                for pos in range(num_hits, key_rows.counts[p]):
+                    register_key(v, slot, pos, key_rows.keys, row + pos, salt)
+            out += length - cached
         if key_rows is not None:
-            for pos in range(num_hits, key_rows.counts[p]):
-                register_key(v, slot, pos, key_rows.keys, row + pos, salt)
             row += key_rows.counts[p]
         num_cached_tokens[p] = cached
         ok[p] = True
-        out += length - cached
         start += length if has_tokens else 0
     scr[S_LOG_ON] = 0
     scr[S_EV_PAYLOAD] = saved_payload_flag
@@ -379,18 +404,21 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
 @out_of_line
 def run_lookup(prompts, key_rows, caps, num_cached_tokens, hits, arena, scratch):
     """Hits of validated prompts as ``admit`` would find them, claiming nothing; returns the
-    most hits of any prompt. Row ``p`` of ``hits`` gets prompt ``p``'s hit blocks, padded
-    with -1. Reads the state only: no LRU move, no counter."""
+    most hits of any prompt. Row ``p * groups + g`` of ``hits`` gets prompt ``p``'s hit blocks
+    in KV cache group ``g``, padded with -1. Reads the state only: no LRU move, no counter."""
     v = views(arena, scratch, scratch)
     lengths = prompts.lengths
     block_size = v.tokens.shape[1]
+    groups = v.meta[M_GROUPS]
     start = np.int64(0)
     row = np.int64(0)
     width = 0
     for p in range(lengths.shape[0]):
-        found = prompt_hits(v, prompts, key_rows, caps, p, start, row, hits[p]).found
-        for pos in range(found, hits.shape[1]):
-            hits[p, pos] = -1
+        rows = hits[p * groups : (p + 1) * groups]
+        found = prompt_hits(v, prompts, key_rows, caps, p, start, row, rows).found
+        for g in range(groups):
+            for pos in range(found, hits.shape[1]):
+                rows[g, pos] = -1
         num_cached_tokens[p] = found * block_size
         width = max(width, found)
         start += lengths[p] if prompts.has_tokens else 0

@@ -293,7 +293,7 @@ def check_state(arena, scratch, pool, counts, seen, marks):
             elif b != NIL:
                 return C_TABLE_PAST_END, s, pos
         # A block is released only once no token the sequence computes next can reach it.
-        if gone > first_needed(st, length):
+        if gone > first_needed(st, s, length):
             return C_WINDOW, s, gone
         fill = length % block_size
         # A tail a truncation cut while it was shared (F_TRIMMED) may end inside content and a

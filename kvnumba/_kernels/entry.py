@@ -53,7 +53,7 @@ from kvnumba._kernels.sequences import (
     table_width,
 )
 from kvnumba._kernels.trim import commit_give_up, run_give_up
-from kvnumba._kernels.views import block_size_of, call_room, scratch_slots
+from kvnumba._kernels.views import block_size_of, call_room, groups_of, scratch_slots
 from kvnumba._state import ADMIT_ONE_AT, APPEND_ONE_AT, CALL_ROOM_INPUTS
 from kvnumba.errors import ST_BAD_KEY_COUNT, ST_NEED_BUFFERS, ST_OK
 
@@ -189,7 +189,8 @@ def k_can_append_paged(ids, counts, arena, scratch, pool):
 @njit(cache=True, inline="always")
 def _admit(prompts, key_rows, caps, arena, scratch, pool):
     num_prompts = prompts.lengths.shape[0]
-    ids = np.full(num_prompts, -1, dtype=np.int64)
+    groups = groups_of(arena)
+    ids = np.full(num_prompts * groups, -1, dtype=np.int64)
     num_cached_tokens = np.zeros(num_prompts, dtype=np.int64)
     ok = np.zeros(num_prompts, dtype=np.bool_)
     check = validate_admit(prompts, key_rows, caps, np.bool_(True), arena, scratch)
@@ -197,7 +198,7 @@ def _admit(prompts, key_rows, caps, arena, scratch, pool):
         no_slots = np.empty(0, dtype=np.int64)
         return check.status, check.bad, 0, 0, ids, num_cached_tokens, no_slots, ok
     slot_mapping = np.empty(check.total, dtype=np.int64)
-    hits = np.empty(check.longest, dtype=np.int64)
+    hits = np.empty((groups, check.longest), dtype=np.int64)
     results = AdmitOutputs(ids, num_cached_tokens, slot_mapping, ok, hits)
     outcome = run_admit(prompts, key_rows, caps, check.bound, results, arena, scratch, pool)
     return (
@@ -260,7 +261,7 @@ def _lookup(prompts, key_rows, caps, arena, scratch):
     check = validate_admit(prompts, key_rows, caps, np.bool_(False), arena, scratch)
     if check.status != ST_OK:
         return check.status, check.bad, num_cached_tokens, np.empty((n, 0), dtype=np.int32)
-    hits = np.empty((n, check.longest), dtype=np.int64)
+    hits = np.empty((n * groups_of(arena), check.longest), dtype=np.int64)
     width = run_lookup(prompts, key_rows, caps, num_cached_tokens, hits, arena, scratch)
     return ST_OK, -1, num_cached_tokens, hits[:, :width].astype(np.int32)
 
@@ -532,7 +533,7 @@ def _admit_one(tokens_in, length, salt, has_tokens, keys, cap, arena, scratch):
         carve(room, at.cached, (1,), np.int64),
         carve(room, at.no_slots, (0,), np.int64),  # the facade reads no slot mapping
         carve(room, at.ok, (1,), np.bool_),
-        carve(room, at.hits, (blocks,), np.int64),
+        carve(room, at.hits, (1, blocks), np.int64),  # one-request calls: one group
     )
     lengths[0], salts[0], caps[0], key_counts[0] = length, salt, cap, keys.shape[0]
     results.ids[0], results.num_cached_tokens[0], results.ok[0] = -1, 0, False

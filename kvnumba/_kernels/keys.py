@@ -19,7 +19,7 @@ from kvnumba._kernels.prefix import table_insert
 from kvnumba._kernels.sequences import resolve, resolve_ids
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
-from kvnumba._kernels.windows import first_needed, window_hits_of, windowed
+from kvnumba._kernels.windows import first_needed, windowed
 from kvnumba._state import (
     EMPTY,
     F_HASHED,
@@ -99,7 +99,8 @@ def lookup_keys(v, keys, row, salt, prompt, length, has_tokens, limit, hits):
     The prompt (``length`` tokens) has its keys from ``keys[row]`` on; ``limit`` blocks are
     looked up at most (its keys, the last prompt token, which is always computed, and the
     caller's cap: see ``prompt_hits``); the walk stops at the first miss, but for a windowed
-    manager, whose rule (``windowed_prompt_hits``) then decides. ``prompt`` holds the prompt's
+    manager, which looks up every position and whose rules then decide
+    (``windowed_prompt_hits``, called by ``prompt_hits``). ``prompt`` holds the prompt's
     tokens when ``has_tokens``. Returns the :class:`.PromptHits`.
     """
     if v.meta[M_PREFIX_CACHING] == 0:
@@ -121,8 +122,6 @@ def lookup_keys(v, keys, row, salt, prompt, length, has_tokens, limit, hits):
         num_hits += 1
         if v.ref[b] == 0:
             num_cached += 1
-    if win:
-        return window_hits_of(v.arena, v.scratch, v.pool, hits, limit, length)
     return PromptHits(num_hits, num_cached, limit)
 
 
@@ -263,7 +262,7 @@ def check_key_run(seq_id, count, start, keys, arena, scratch):
         return Status(ST_BAD_KEY_POSITION, 0)
     held = (length + block_size - 1) // block_size
     # A windowed append first releases the blocks below its sequence's first needed position.
-    if count > 0 and windowed(v) and keys.shape[0] > 0 and start < first_needed(v, length):
+    if count > 0 and windowed(v) and keys.shape[0] > 0 and start < first_needed(v, slot, length):
         return Status(ST_BAD_KEY_POSITION, 0)
     for r in range(keys.shape[0]):
         pos = start + r

@@ -19,6 +19,7 @@ from kvnumba._kernels.undo import log_write
 from kvnumba._kernels.views import VIEWS, views
 from kvnumba._state import (
     FIELD,
+    M_GROUPS,
     M_ID_TAG,
     M_LIVE_SEQS,
     M_SLOT_BITS,
@@ -134,7 +135,7 @@ def run_new_sequences(ids, arena, scratch):
     if ids.shape[0] > v.meta[M_SLOT_TOP]:
         return ST_TOO_MANY_SEQS
     for i in range(ids.shape[0]):
-        ids[i] = open_slot(v, 0).seq_id
+        ids[i] = open_slot(v, i % v.meta[M_GROUPS]).seq_id
     return ST_OK
 
 

@@ -32,6 +32,7 @@ from kvnumba._state import (
     H_OFFSET,
     HEADER_BYTES,
     HEADER_SLOTS,
+    M_GROUPS,
     SCRATCH_FIELDS,
     STATE_FIELDS,
 )
@@ -176,6 +177,15 @@ _TOKENS = [f.name for f in STATE_FIELDS].index("tokens")
 def block_size_of(arena):
     """The block size of a state arena (its ``tokens`` field's second dimension)."""
     return header_entry(arena, _TOKENS, H_DIM1)
+
+
+_META = [f.name for f in STATE_FIELDS].index("meta")
+
+
+@njit(cache=True, inline="always")
+def groups_of(arena):
+    """The KV cache groups of a state arena (``meta[M_GROUPS]``)."""
+    return carve(arena, header_entry(arena, _META, H_OFFSET) + 8 * M_GROUPS, (1,), np.int64)[0]
 
 
 if __name__ == "__main__":

@@ -23,30 +23,63 @@ from kvnumba._kernels.outcomes import PromptHits
 from kvnumba._kernels.prefix import chain_hash, root_hash
 from kvnumba._kernels.undo import log_write
 from kvnumba._kernels.views import views
-from kvnumba._state import F_HASHED, FIELD, M_CHUNK, M_HASH_BITS, M_KEYED, M_WINDOW, NULL_BLOCK
-from kvnumba.windows import first_needed_block, window_hit
+from kvnumba._state import (
+    F_HASHED,
+    FIELD,
+    M_GROUP_CHUNK,
+    M_GROUP_WINDOW,
+    M_GROUPS,
+    M_HASH_BITS,
+    M_KEYED,
+    M_WINDOWS,
+    NULL_BLOCK,
+)
+from kvnumba.windows import first_needed_block, group_hit, window_hit
 
 first_needed_kernel = inlined(first_needed_block)
 window_hit_kernel = inlined(window_hit)
 
 
+# ``group_hit`` calls ``window_hit`` by its Python name: this overload is what that call
+# compiles to, so the two rules stay plain functions the reference model runs as they are.
+@overload(window_hit, jit_options={"_nrt": False})
+def _window_hit_impl(hits, limit, block_size, window, chunk):
+    return lambda hits, limit, block_size, window, chunk: window_hit_kernel(
+        hits, limit, block_size, window, chunk
+    )
+
+
+group_hit_kernel = inlined(group_hit)
+
+
 @inlined
 def windowed(v):
-    """Whether the manager serves a sliding window or chunked local attention."""
-    return (v.meta[M_WINDOW] | v.meta[M_CHUNK]) != 0
+    """Whether the window code runs: a sliding-window or chunked group, or several groups."""
+    return v.meta[M_WINDOWS] != 0
 
 
 @inlined
-def first_needed(v, length):
-    """The lowest table position the next tokens of a sequence of ``length`` tokens reach."""
-    return first_needed_kernel(length, v.tokens.shape[1], v.meta[M_WINDOW], v.meta[M_CHUNK])
+def group_salt(v, salt, group):
+    """The salt a prompt of salt ``salt`` has in KV cache group ``group``: the group is the
+    salt modulo the number of groups, so that no block is shared across groups (the salt
+    itself for a manager of one group)."""
+    return salt * v.meta[M_GROUPS] + group
+
+
+@inlined
+def first_needed(v, slot, length):
+    """The lowest table position the next tokens of sequence ``slot`` would reach at
+    ``length`` tokens, by the rule of the slot's group."""
+    g = v.seq_salt[slot] % v.meta[M_GROUPS]
+    window, chunk = v.meta[M_GROUP_WINDOW + g], v.meta[M_GROUP_CHUNK + g]
+    return first_needed_kernel(length, v.tokens.shape[1], window, chunk)
 
 
 @inlined
 def has_drops(v, slot):
     """Whether sequence ``slot`` holds a block below its first needed position (inline: on a
     decode step most sequences hold none, and skip the call to :func:`drop_window`)."""
-    pos = first_needed(v, v.seq_len[slot]) - 1
+    pos = first_needed(v, slot, v.seq_len[slot]) - 1
     return pos >= 0 and v.seq_table[slot, pos] != NULL_BLOCK
 
 
@@ -77,7 +110,7 @@ def drop_out_of_window(arena, scratch, pool, slot):
         return
     seq_table = v.seq_table
     width = seq_table.shape[1]
-    pos = first_needed(v, v.seq_len[slot]) - 1
+    pos = first_needed(v, slot, v.seq_len[slot]) - 1
     top = seq_table[slot, pos]
     if v.block_flags[top] & F_HASHED:
         set_anchor(v, slot, v.block_hash[top], 1)
@@ -99,7 +132,7 @@ def _walk(v, slot, delta):
     now; returns how many of them then have refcount 0."""
     seq_table = v.seq_table
     zero = 0
-    pos = first_needed(v, v.seq_len[slot]) - 1
+    pos = first_needed(v, slot, v.seq_len[slot]) - 1
     while pos >= 0:
         b = seq_table[slot, pos]
         if b == NULL_BLOCK:
@@ -128,21 +161,26 @@ def window_gain(arena, scratch, pool, slots, counts):
 
 
 @out_of_line
-def windowed_prompt_hits(arena, scratch, pool, hits, limit, length):
-    """The :class:`.PromptHits` of a windowed prompt of ``length`` tokens whose lookup wrote
-    every position's registered block (or -1) to ``hits[:limit]``: the window's rule decides
-    the ``k`` blocks that count as cached; positions below the first needed one become
-    ``NULL_BLOCK``, and only the blocks to claim count as cached hits."""
+def windowed_prompt_hits(arena, scratch, pool, hits, limit):
+    """The :class:`.PromptHits` of a prompt whose lookups wrote every position's registered
+    block (or -1) to ``hits[g, :limit]``, one row per KV cache group: the groups' rules decide
+    together the ``k`` blocks that count as cached (``kvnumba.windows.group_hit``); in each
+    row the positions below the group's first needed one become ``NULL_BLOCK``, and only the
+    blocks to claim count as cached hits."""
     v = views(arena, scratch, pool)
-    k, first = window_hit_kernel(
-        hits, limit, length, v.tokens.shape[1], v.meta[M_WINDOW], v.meta[M_CHUNK]
-    )
+    groups = v.meta[M_GROUPS]
+    block_size = v.tokens.shape[1]
+    windows = v.meta[M_GROUP_WINDOW : M_GROUP_WINDOW + groups]
+    chunks = v.meta[M_GROUP_CHUNK : M_GROUP_CHUNK + groups]
+    k = group_hit_kernel(hits, limit, block_size, windows, chunks, groups)
     num_cached = 0
-    for pos in range(k):
-        if pos < first:
-            hits[pos] = NULL_BLOCK
-        elif v.ref[hits[pos]] == 0:
-            num_cached += 1
+    for g in range(groups):
+        first = window_hit_kernel(hits[g], k, block_size, windows[g], chunks[g])[1]
+        for pos in range(k):
+            if pos < first:
+                hits[g, pos] = NULL_BLOCK
+            elif v.ref[hits[g, pos]] == 0:
+                num_cached += 1
     return PromptHits(k, num_cached, limit)
 
 
@@ -167,7 +205,7 @@ def admit_anchor(arena, scratch, pool, tokens, has_tokens, slot, first):
 def window_gap(v, slot, length):
     """The table position that sequence ``slot`` cut to ``length`` tokens would need although
     its block already left the window, or -1 (``truncate`` refuses such a cut)."""
-    pos = first_needed(v, length)
+    pos = first_needed(v, slot, length)
     if pos < v.seq_table.shape[1] and v.seq_table[slot, pos] == NULL_BLOCK:
         return pos
     return -1
@@ -211,18 +249,18 @@ def _window_gain_of_impl(arena, scratch, pool, slots, counts):
     return lambda arena, scratch, pool, slots, counts: 0
 
 
-def window_hits_of(arena, scratch, pool, hits, limit, length):
+def window_hits_of(arena, scratch, pool, hits, limit):
     """:func:`windowed_prompt_hits` of a windowed manager's prompt."""
-    return windowed_prompt_hits(arena, scratch, pool, hits, limit, length)
+    return windowed_prompt_hits(arena, scratch, pool, hits, limit)
 
 
 @overload(window_hits_of, jit_options=_HOOK)
-def _window_hits_of_impl(arena, scratch, pool, hits, limit, length):
+def _window_hits_of_impl(arena, scratch, pool, hits, limit):
     if _extended(arena):
-        return lambda arena, scratch, pool, hits, limit, length: windowed_prompt_hits(
-            arena, scratch, pool, hits, limit, length
+        return lambda arena, scratch, pool, hits, limit: windowed_prompt_hits(
+            arena, scratch, pool, hits, limit
         )
-    return lambda arena, scratch, pool, hits, limit, length: PromptHits(0, 0, limit)
+    return lambda arena, scratch, pool, hits, limit: PromptHits(0, 0, limit)
 
 
 def anchor_of(arena, scratch, pool, tokens, has_tokens, slot, first):

@@ -97,7 +97,7 @@ class CallsMixin:
         needed block stops at the first ``NULL_BLOCK``. Empty for full attention.
         """
         table = self._table[slot]
-        first = first_needed_block(self._len[slot], self._block_size, self._window, self._chunk)
+        first = first_needed_block(self._len[slot], self._block_size, *self._kind(slot))
         drops: list[int] = []
         for j in range(first - 1, -1, -1):
             if table[j] == NULL_BLOCK:
@@ -335,50 +335,59 @@ class CallsMixin:
         return needed <= free_mapped + len(self._lru) + mappable * self._k + gain
 
     def _admit_one(self, p: _Prompt):
-        """Admit prompt ``p`` if it fits now.
+        """Admit prompt ``p`` if it fits now: one sequence in every KV cache group.
 
         Returns ``(needed, served)``: the blocks the prompt takes beyond its cache hits, and
-        ``(id, cached tokens, slot mapping)`` or ``None`` if it did not fit (nothing changed).
+        ``(ids, cached tokens, slot mapping)`` or ``None`` if it did not fit (nothing
+        changed); ``ids`` one per group.
         """
         bs, length = self._block_size, p.length
-        hits, anchor = self._prompt_hits(p)
-        k = len(hits)  # NULL_BLOCK entries included: the positions a windowed prompt skips
-        needed = _blocks_for(length, bs) - k
-        cached_hits = self._cached_hits(hits)
+        requests = self._prompt_hits(p)
+        k = len(requests[0][0])  # NULL_BLOCK entries included: positions a window skips
+        needed = len(requests) * (_blocks_for(length, bs) - k)
+        cached_hits = sum(self._cached_hits(hits) for hits, _ in requests)
         if needed > self._available() - cached_hits:
             return needed, None
-        slot = self._take_slot(p.salt)
-        self._anchor[slot] = anchor
-        claimed = 0
-        for block in hits:  # claim the hits before allocating, so they are never evicted
-            if block == NULL_BLOCK:  # not needed: no block, no reference
+        prompts = self._group_prompts(p)
+        slots = []
+        # Every group claims its hits before any grows, so that no group's new blocks evict
+        # another group's hits.
+        for q, (hits, anchor) in zip(prompts, requests, strict=True):
+            slot = self._take_slot(q.salt)
+            slots.append(slot)
+            self._anchor[slot] = anchor
+            claimed = 0
+            for block in hits:
+                if block == NULL_BLOCK:  # not needed: no block, no reference
+                    self._table[slot].append(block)
+                    continue
+                claimed += 1
+                if self._ref[block] == 0:
+                    self._uncache(block)
+                    if self._pool is not None:  # its page holds a referenced block again
+                        self._cache_only.pop(block // self._k, None)
+                self._ref[block] += 1
+                self._policy.hit(block)  # cached or held by another sequence alike
                 self._table[slot].append(block)
-                continue
-            claimed += 1
-            if self._ref[block] == 0:
-                self._uncache(block)
-                if self._pool is not None:  # its page holds a referenced block again
-                    self._cache_only.pop(block // self._k, None)
-            self._ref[block] += 1
-            self._policy.hit(block)  # cached or held by another sequence alike
-            self._table[slot].append(block)
-        self._len[slot] = k * bs
-        if self._prefix_caching:
-            self._counters["prefix_queries"] += self._hit_limit(p)
-            self._counters["prefix_hits"] += claimed
+            self._len[slot] = k * bs
+            if self._prefix_caching:
+                self._counters["prefix_queries"] += self._hit_limit(p)
+                self._counters["prefix_hits"] += claimed
         out: list[int] = []
         rest = None if p.tokens is None else p.tokens[k * bs :]
-        self._grow(slot, length - k * bs, rest, out, [])
-        # Keys after allocation: its evictions' removed events precede its stored ones.
-        self._register_keys(slot, p, k)
-        return needed, (self._seq_id(slot), k * bs, out)
+        for q, slot in zip(prompts, slots, strict=True):
+            self._grow(slot, length - k * bs, rest, out, [])
+            # Keys after allocation: its evictions' removed events precede its stored ones.
+            self._register_keys(slot, q, k)
+        return needed, ([self._seq_id(slot) for slot in slots], k * bs, out)
 
     def _cached_hits(self, hits: list[int]) -> int:
         """Hits that are cached blocks (claiming them uses up capacity); ``NULL_BLOCK`` is none."""
         return sum(1 for b in hits if b != NULL_BLOCK and self._ref[b] == 0)
 
     def _prompt_need(self, p: _Prompt) -> int:
-        return _blocks_for(p.length, self._block_size) - len(self._hits(p))
+        hits = self._hits(p)
+        return len(hits) * (_blocks_for(p.length, self._block_size) - len(hits[0]))
 
     def admit(
         self,
@@ -439,7 +448,7 @@ class CallsMixin:
         for p in prompts:
             if p.length > self._max_seq_len:
                 raise SequenceTooLong(-1, p.length, self._max_seq_len)
-        self._check_slots_free(len(prompts))
+        self._check_slots_free(len(prompts) * len(self._groups))
         return self._run(lambda: self._admit(prompts, atomic), atomic)
 
     def _admit(self, prompts: list[_Prompt], atomic: bool) -> AdmitResult:
@@ -450,11 +459,12 @@ class CallsMixin:
         # ``free + cached``, so when the prompts' blocks sum to at most ``available`` the call
         # cannot fail and needs no rollback. Otherwise an atomic call of several prompts keeps
         # a snapshot (a single prompt is checked before anything changes).
-        total = sum(_blocks_for(p.length, self._block_size) for p in prompts)
+        total = sum(_blocks_for(p.length, self._block_size) for p in prompts) * len(self._groups)
         tight = atomic and len(prompts) > 1 and total > available
         snap = self._snapshot() if tight else None
 
-        ids = np.full(len(prompts), -1, dtype=np.int64)
+        groups = len(self._groups)
+        ids = np.full((len(prompts), groups), -1, dtype=np.int64)
         cached = np.zeros(len(prompts), dtype=np.int64)
         ok = np.zeros(len(prompts), dtype=bool)
         out: list[int] = []
@@ -465,14 +475,14 @@ class CallsMixin:
                 # later prompts: hits looked up at the failure point, before the rollback
                 later = sum(self._prompt_need(q) for q in prompts[i + 1 :])
                 # What the call lacks here: this prompt's cached hits use up capacity too.
-                cached_hits = self._cached_hits(self._hits(p))
+                cached_hits = sum(self._cached_hits(hits) for hits in self._hits(p))
                 shortfall = needed + later - (self._available() - cached_hits)
                 needed += needed_so_far + later
                 if snap is not None:
                     self._restore(snap)
                 raise _exhausted(needed, available, shortfall)
             if served is None:
-                out.extend([-1] * p.length)
+                out.extend([-1] * (p.length * groups))
                 continue
             ids[i], cached[i], slots = served
             ok[i] = True
@@ -481,5 +491,8 @@ class CallsMixin:
         if not ok.all():
             self._failed_calls += 1
         return AdmitResult(
-            ids=ids, num_cached_tokens=cached, slot_mapping=np.array(out, dtype=np.int64), ok=ok
+            ids=ids[:, 0] if groups == 1 else ids,
+            num_cached_tokens=cached,
+            slot_mapping=np.array(out, dtype=np.int64),
+            ok=ok,
         )

@@ -43,7 +43,7 @@ class ChecksMixin:
                 gone += 1
             if NULL_BLOCK in table[gone:]:
                 fail(f"slot {slot}: NULL_BLOCK entries are not a prefix of its table")
-            needed = first_needed_block(length, bs, self._window, self._chunk)
+            needed = first_needed_block(length, bs, *self._kind(slot))
             if gone > needed:
                 fail(f"slot {slot}: {gone} positions left the window, it needs block {needed}")
             for j, block in enumerate(table):

@@ -54,7 +54,7 @@ class EngineMixin:
             # The released positions are the table's prefix [0, gone): a length that needs
             # one of them again is refused (also why truncation never pops a NULL_BLOCK).
             gone = self._leading_nulls(slot)
-            needed = first_needed_block(new, bs, self._window, self._chunk)
+            needed = first_needed_block(new, bs, *self._kind(slot))
             if needed < gone:
                 raise ValueError(
                     f"ids[{i}]: length {new} needs table position {needed}, which already "

@@ -31,7 +31,7 @@ from kvnumba.inputs import hit_caps, key_rows
 from kvnumba.reference._common import _as_int_array
 from kvnumba.reference.eviction import ROOT
 from kvnumba.results import BlockEvents, LookupResult
-from kvnumba.windows import NULL_BLOCK, window_hit
+from kvnumba.windows import NULL_BLOCK, group_hit, window_hit
 
 
 class _Prompt(NamedTuple):
@@ -102,6 +102,12 @@ class KeysMixin:
         salts = _as_int_array(salts, "salts")
         if len(salts) != len(lengths):
             raise ValueError(f"{len(salts)} salts given for {len(lengths)} prompts")
+        groups = len(self._groups)
+        low, high = -(2**63 // groups), (2**63 - groups) // groups
+        if groups > 1 and any(not low <= s <= high for s in salts.tolist()):
+            raise ValueError(
+                f"salts of a manager of {groups} KV cache groups must lie in [{low}, {high}]"
+            )
         counts = np.zeros(len(lengths), dtype=np.int64)
         rows: list[tuple[int, int, int, int]] = []
         if not self._block_keys:
@@ -152,41 +158,60 @@ class KeysMixin:
             limit = min(limit, p.cap)
         return limit
 
-    def _hits(self, p: _Prompt) -> list[int]:
-        """The ``k`` hit blocks of ``p``: ``NULL_BLOCK`` at the positions below the needed ones
-        (a windowed prompt), then the registered blocks to claim."""
-        return self._prompt_hits(p)[0]
+    def _group_prompts(self, p: _Prompt) -> list[_Prompt]:
+        """``p`` once per KV cache group, its salt that of the group: ``salt * groups + g``."""
+        groups = len(self._groups)
+        return [p._replace(salt=p.salt * groups + g) for g in range(groups)]
 
-    def _prompt_hits(self, p: _Prompt) -> tuple[list[int], int | None]:
-        """The hits of ``p`` (see :meth:`_hits`) and the anchor of a sequence admitted with them.
+    def _hits(self, p: _Prompt) -> list[list[int]]:
+        """The ``k`` hit blocks of ``p`` in every KV cache group: ``NULL_BLOCK`` at the
+        positions below the needed ones (a windowed group), then the registered blocks to
+        claim."""
+        return [hits for hits, _ in self._prompt_hits(p)]
 
-        Full attention: the registered blocks matching the leading full blocks, up to the
-        first miss. Windowed: every position below the limit is looked up, misses included,
-        and ``window_hit`` picks the prefix. The anchor is the chained hash of the prompt's
-        block before the first needed one (token mode; ``None`` otherwise): a block that fills
-        right after the gap chains onto it.
+    def _prompt_hits(self, p: _Prompt) -> list[tuple[list[int], int | None]]:
+        """Per KV cache group, the hits of ``p`` (see :meth:`_hits`) and the anchor of a
+        sequence admitted with them.
+
+        One full-attention group: the registered blocks matching the leading full blocks, up
+        to the first miss. Otherwise every position below the limit is looked up in every
+        group, misses included, and ``group_hit`` picks the one prefix every group's rule
+        allows (``window_hit`` then each group's first needed block). The anchor is the
+        chained hash of the prompt's block before the first needed one (token mode; ``None``
+        otherwise): a block that fills right after the gap chains onto it.
         """
+        prompts = self._group_prompts(p)
         if not self._prefix_caching:
-            return [], None
+            return [([], None) for _ in prompts]
         limit = self._hit_limit(p)
-        if not (self._window or self._chunk):
+        if not self._windowed:
             if not self._block_keys:
-                return self._lookup_prefix(p.tokens, p.salt)[:limit], None
+                return [(self._lookup_prefix(p.tokens, p.salt)[:limit], None)]
             hits: list[int] = []
             for j in range(limit):
                 block = self._key_hit(p, j)
                 if block < 0:
                     break
                 hits.append(block)
-            return hits, None
-        hashes = None
-        if self._block_keys:
-            found = [self._key_hit(p, j) for j in range(limit)]
-        else:
-            found, hashes = self._chain_prefix(p.tokens, p.salt, limit)
-        k, first = window_hit(found, limit, p.length, self._block_size, self._window, self._chunk)
-        anchor = hashes[first - 1] if first and hashes is not None else None
-        return [NULL_BLOCK] * first + found[first:k], anchor
+            return [(hits, None)]
+        rows, chains = [], []
+        for q in prompts:
+            if self._block_keys:
+                rows.append([self._key_hit(q, j) for j in range(limit)])
+                chains.append(None)
+            else:
+                found, hashes = self._chain_prefix(q.tokens, q.salt, limit)
+                rows.append(found)
+                chains.append(hashes)
+        bs, groups = self._block_size, len(self._groups)
+        windows, chunks = [w for w, _ in self._groups], [c for _, c in self._groups]
+        k = group_hit(rows, limit, bs, windows, chunks, groups)
+        out = []
+        for found, hashes, (window, chunk) in zip(rows, chains, self._groups, strict=True):
+            first = window_hit(found, k, bs, window, chunk)[1]
+            anchor = hashes[first - 1] if first and hashes is not None else None
+            out.append(([NULL_BLOCK] * first + found[first:k], anchor))
+        return out
 
     def _key_hit(self, p: _Prompt, j: int) -> int:
         """The registered block that keyed block ``j`` of ``p`` hits, or -1."""
@@ -266,13 +291,17 @@ class KeysMixin:
         for p in prompts:  # validated as admit validates it (no slots are taken, though)
             if p.length > self._max_seq_len:
                 raise SequenceTooLong(-1, p.length, self._max_seq_len)
-        hits = [self._hits(p) for p in prompts]
-        width = max((len(h) for h in hits), default=0)
-        block_ids = np.full((len(prompts), width), -1, dtype=np.int32)
-        for i, h in enumerate(hits):
-            block_ids[i, : len(h)] = h
+        hits = [self._hits(p) for p in prompts]  # per prompt, per group
+        width = max((len(h[0]) for h in hits), default=0)
+        groups = len(self._groups)
+        block_ids = np.full((len(prompts), groups, width), -1, dtype=np.int32)
+        for i, rows in enumerate(hits):
+            for g, h in enumerate(rows):
+                block_ids[i, g, : len(h)] = h
+        if groups == 1:
+            block_ids = block_ids[:, 0]
         return LookupResult(
-            num_cached_tokens=np.array([len(h) * self._block_size for h in hits], dtype=np.int64),
+            num_cached_tokens=np.array([len(h[0]) * self._block_size for h in hits], np.int64),
             block_ids=block_ids,
         )
 

@@ -34,7 +34,7 @@ from kvnumba.reference.pages import PagesMixin
 from kvnumba.reference.pool import ReferencePagePool
 from kvnumba.reference.prefix import PrefixMixin
 from kvnumba.results import Stats
-from kvnumba.windows import NULL_BLOCK, window_geometry
+from kvnumba.windows import NULL_BLOCK, KVCacheGroup, group_geometry, window_geometry
 
 
 class ReferenceBlockManager(
@@ -133,6 +133,7 @@ class ReferenceBlockManager(
         eviction: str = "lru",
         sliding_window: int | None = None,
         attention_chunk_size: int | None = None,
+        kv_cache_groups=None,
         _hash_bits: int = 64,
         _hindsight: bool = False,
     ):
@@ -170,10 +171,18 @@ class ReferenceBlockManager(
         if not 0 <= _as_int(_hash_bits, "_hash_bits") <= 64:
             raise InvalidGeometry("_hash_bits must be in [0, 64]")
         policy_code(eviction, hindsight=bool(_hindsight))  # ValueError for an unknown name
-        # Tokens of the sliding window and of an attention chunk, 0 when unset (kvnumba.windows).
-        self._window, self._chunk = window_geometry(
-            sliding_window, attention_chunk_size, block_size
-        )
+        # Every KV cache group's sliding window and attention chunk in tokens, 0 when unset
+        # (kvnumba.windows). A sequence's group is its salt modulo the number of groups: the
+        # salt of a prompt's sequence in group g is salt * groups + g.
+        self._groups = [window_geometry(sliding_window, attention_chunk_size, block_size)]
+        if kv_cache_groups is not None:
+            if self._groups != [(0, 0)]:
+                raise InvalidGeometry(
+                    "give the attention kind in kv_cache_groups, not also on the manager"
+                )
+            self._groups = list(group_geometry(kv_cache_groups, block_size))
+        # The window code runs: some group is windowed, or there are several.
+        self._windowed = len(self._groups) > 1 or any(map(any, self._groups))
         self._block_keys = bool(block_keys)
         self._block_events = bool(block_events)
         self._events: list[tuple[int, int, tuple]] = []  # (kind, block, key words), undrained
@@ -280,13 +289,23 @@ class ReferenceBlockManager(
 
     @property
     def sliding_window(self) -> int | None:
-        """Tokens of the sliding window, or ``None``."""
-        return self._window or None
+        """Tokens of the sliding window, or ``None`` (also with several KV cache groups)."""
+        return self._groups[0][0] or None if len(self._groups) == 1 else None
 
     @property
     def attention_chunk_size(self) -> int | None:
-        """Tokens per chunk of chunked local attention, or ``None``."""
-        return self._chunk or None
+        """Tokens per chunk of chunked local attention, or ``None`` (also with several KV
+        cache groups)."""
+        return self._groups[0][1] or None if len(self._groups) == 1 else None
+
+    @property
+    def kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:
+        """The KV cache groups (one but for a manager made with ``kv_cache_groups``)."""
+        return tuple(KVCacheGroup(w or None, c or None) for w, c in self._groups)
+
+    def _kind(self, slot: int) -> tuple[int, int]:
+        """``(window, chunk)`` of the KV cache group of sequence ``slot``."""
+        return self._groups[self._salt[slot] % len(self._groups)]
 
     @property
     def eviction(self) -> str:
@@ -370,8 +389,11 @@ class ReferenceBlockManager(
         count = _as_int(count, "count")
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        self._check_slots_free(count)
-        return np.array([self._seq_id(self._take_slot(0)) for _ in range(count)], dtype=np.int64)
+        groups = len(self._groups)
+        self._check_slots_free(count * groups)
+        ids = [self._seq_id(self._take_slot(i % groups)) for i in range(count * groups)]
+        ids = np.array(ids, dtype=np.int64)
+        return ids if groups == 1 else ids.reshape(count, groups)
 
     def fork(self, ids, n: int = 1) -> np.ndarray:
         """Give each parent ``n`` children sharing all its blocks (refcount += n).
