@@ -252,6 +252,7 @@ def validated_geometry(
     sliding_window=None,
     attention_chunk_size=None,
     kv_cache_groups=None,
+    window_release="append",
 ) -> Geometry:
     """The validated :class:`Geometry` of a new manager.
 
@@ -293,6 +294,8 @@ def validated_geometry(
         if groups != ((0, 0),):
             raise bad("give the attention kind in kv_cache_groups, not also on the manager")
         groups = group_geometry(kv_cache_groups, block_size)
+    if window_release not in ("append", "explicit"):
+        raise ValueError(f"window_release must be 'append' or 'explicit', got {window_release!r}")
     return Geometry(
         num_blocks=num_blocks,
         block_size=block_size,
@@ -307,6 +310,7 @@ def validated_geometry(
         hash_bits=hash_bits,
         eviction=eviction,
         groups=groups,
+        explicit_release=window_release == "explicit",
     )
 
 

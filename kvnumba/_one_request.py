@@ -102,8 +102,8 @@ class OneRequest:
             if self.windowed:
                 held = manager.table_row(seq_id)
                 low = int((held == NULL_BLOCK).sum())  # the released prefix
-                if count > 0 and keys.shape[0] > 0:
-                    g = self.arenas.geometry
+                g = self.arenas.geometry
+                if count > 0 and keys.shape[0] > 0 and not g.explicit_release:
                     slot = split_id(seq_id, g.max_seqs)[2]
                     window, chunk = g.groups[int(self.arenas.s.seq_salt[slot]) % len(g.groups)]
                     low = max(low, first_needed_block(before, g.block_size, window, chunk))

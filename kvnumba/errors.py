@@ -23,7 +23,7 @@ ST_NEGATIVE_COUNT = 8
 ST_TOKEN_MISMATCH = 9  # len(tokens) differs from the number of tokens the call appends
 ST_BAD_TOKEN = 10  # a negative token id (-1 is reserved for "no id")
 ST_BAD_LENGTH = 11  # a prompt of length < 1
-ST_BAD_NEW_LEN = 12  # truncate: a new length below 0 or above the sequence's length
+ST_BAD_NEW_LEN = 12  # truncate, release_window: a length below 0 or above the sequence's
 ST_BAD_BLOCK = 13  # evict: a block id outside the pool
 ST_BLOCK_IN_USE = 14  # evict: a block that a sequence references
 # key_counts[i] outside [0, lengths[i] // block_size], or not summing to len(keys)
@@ -219,12 +219,14 @@ def _cap(f: Failure) -> Exception:
 
 
 def _new_len(f: Failure) -> Exception:
-    if f.inputs["new_lens"][f.bad] < 0:
-        return ValueError(f"new_lens[{f.bad}] = {_at(f, 'new_lens')} is negative")
+    # truncate's new_lens, or release_window's lengths (the tokens it has processed).
+    name = "new_lens" if "new_lens" in f.inputs else "lengths"
+    if f.inputs[name][f.bad] < 0:
+        return ValueError(f"{name}[{f.bad}] = {_at(f, name)} is negative")
     seq_id = _at(f, "ids")
     return ValueError(
-        f"new_lens[{f.bad}] = {_at(f, 'new_lens')} exceeds the {f.facts.seq_len(seq_id)} tokens "
-        f"of sequence {seq_id}; truncate never grows a sequence"
+        f"{name}[{f.bad}] = {_at(f, name)} exceeds the {f.facts.seq_len(seq_id)} tokens of "
+        f"sequence {seq_id}" + ("; truncate never grows a sequence" if name == "new_lens" else "")
     )
 
 

@@ -45,6 +45,7 @@ SIGNATURES = {
     "k_rollback": (),
     # Engine conveniences: compiled on first use only (never by the quick start).
     "k_truncate": (_VEC, _VEC),
+    "k_release_window": (_VEC, _VEC),
     "k_evict": (_VEC,),
     "k_reset_prefix_cache": (),
     # Engine keys, hit caps and lookups (``block_keys``; ``kvnumba.integrations.vllm``).
@@ -68,6 +69,7 @@ SIGNATURES = {
     "k_rollback_paged": (),
     "k_check_paged": (),
     "k_truncate_paged": (_VEC, _VEC),
+    "k_release_window_paged": (_VEC, _VEC),
     "k_evict_paged": (_VEC,),
     "k_reset_prefix_cache_paged": (),
     "k_admit_keys_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _KEYS, _VEC, _VEC),
@@ -79,6 +81,7 @@ SIGNATURES = {
 LAZY = frozenset(
     {
         "k_truncate",
+        "k_release_window",
         "k_evict",
         "k_reset_prefix_cache",
         "k_admit_keys",
@@ -115,10 +118,12 @@ WITH_PAGES = frozenset(
         "k_admit_keys_paged",
         "k_release_paged",
         "k_truncate_paged",
+        "k_release_window_paged",
         "k_evict_paged",
         "k_reset_prefix_cache_paged",
         "k_give_up",
         "k_truncate",
+        "k_release_window",
         "k_evict",
         "k_reset_prefix_cache",
     }

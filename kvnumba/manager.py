@@ -120,6 +120,9 @@ class BlockManager:
         hit all the groups' rules allow; ``admit`` and ``new_sequences`` return one column of
         ids per group (``docs/windows.md``). Not with ``sliding_window`` or
         ``attention_chunk_size``.
+    window_release : {"append", "explicit"}, default "append"
+        Who releases the blocks that leave a window: every ``append`` (for the sequences it
+        grows), or only :meth:`release_window`, with the lengths the engine has processed.
 
     Notes
     -----
@@ -146,6 +149,7 @@ class BlockManager:
         sliding_window: int | None = None,
         attention_chunk_size: int | None = None,
         kv_cache_groups=None,
+        window_release: str = "append",
         _hash_bits: int = 64,
         _hindsight: bool = False,
     ):
@@ -155,6 +159,7 @@ class BlockManager:
         switches["sliding_window"] = sliding_window
         switches["attention_chunk_size"] = attention_chunk_size
         switches["kv_cache_groups"] = kv_cache_groups
+        switches["window_release"] = window_release
         pages = (page_pool, blocks_per_page)
         sizes = (num_blocks, block_size, max_seqs, max_seq_len, reserved_blocks, _hash_bits)
         geometry = validated_geometry(*sizes, *pages, **switches)
@@ -408,6 +413,28 @@ class BlockManager:
         if new_lens.shape != ids.shape:
             raise ValueError(f"new_lens has {new_lens.shape[0]} entries for {ids.shape[0]} ids")
         self._pipeline.run(self._kernels.k_truncate, (ids, new_lens), ids=ids, new_lens=new_lens)
+
+    def release_window(self, ids, lengths) -> int:
+        """Release, for each sequence ``ids[i]``, the blocks that its tokens from position
+        ``lengths[i]`` on cannot reach (its group's window; ``docs/windows.md``), highest
+        position first, as an ``append`` at that length would; returns how many.
+
+        For an engine that frees on the tokens it has processed (``window_release="explicit"``:
+        appends then release nothing themselves). ``0 <= lengths[i] <= seq_len``; ids live and
+        distinct (``ValueError``, ``InvalidSequence``, ``SequenceReleased``: nothing changed).
+        Never allocates or evicts; a full-attention sequence releases nothing.
+        """
+        ids = index_array(ids, "ids")
+        lengths = index_array(lengths, "lengths")
+        if lengths.shape != ids.shape:
+            raise ValueError(f"lengths has {lengths.shape[0]} entries for {ids.shape[0]} ids")
+        return self._pipeline.run(
+            self._kernels.k_release_window,
+            (ids, lengths),
+            build=lambda fields: int(fields[-1]),
+            ids=ids,
+            lengths=lengths,
+        )
 
     def evict(self, block_ids) -> int:
         """Evict the given cached blocks, in order, as the LRU eviction does; returns the count.

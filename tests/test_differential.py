@@ -118,9 +118,14 @@ def random_window(rng, block_size: int) -> dict:
     if draw < 0.4:
         return {}
     if draw < 0.8:
-        return random_kind(rng, block_size) or {"sliding_window": block_size + 1}
-    groups = [{}] + [random_kind(rng, block_size) for _ in range(int(rng.integers(1, 3)))]
-    return {"kv_cache_groups": [KVCacheGroup(**kind) for kind in groups]}
+        kind = random_kind(rng, block_size) or {"sliding_window": block_size + 1}
+    else:
+        groups = [{}] + [random_kind(rng, block_size) for _ in range(int(rng.integers(1, 3)))]
+        kind = {"kv_cache_groups": [KVCacheGroup(**kind) for kind in groups]}
+    # Now and then the engine releases out-of-window blocks itself (release_window).
+    if rng.random() < 0.3:
+        kind["window_release"] = "explicit"
+    return kind
 
 
 def random_geometries(rng, paged: bool):
@@ -298,6 +303,19 @@ class Differential:
         if out:
             assert out[0] == out[1], "can_append differs"
 
+    def release_window(self, who):
+        """Release out-of-window blocks at a length up to each sequence's (the stateful
+        machines try the lengths out of range)."""
+        pairs = self.pick(who)
+        lengths = [
+            int(self.rng.integers(0, self.kv.managers[who].seq_lens([k])[0] + 1)) for k, _ in pairs
+        ]
+        kv_ids, ref_ids = [k for k, _ in pairs], [r for _, r in pairs]
+        out = self.both(who, "release_window", (kv_ids, lengths), (ref_ids, lengths))
+        if out:
+            assert out[0] == out[1], "release_window differs"
+            self.counts["release_window released blocks"] += out[0] > 0
+
     def trim(self, who):
         out = self.both(who, "trim", (), ())
         if out:
@@ -335,6 +353,7 @@ class Differential:
         ("can_append", 10),
         ("release_all", 4),
         ("trim", 4),
+        ("release_window", 4),
         ("stale", 4),
         ("hint", 4),
     )
@@ -420,6 +439,7 @@ def test_differential_against_the_reference(capsys):
         "window released blocks",
         "admit hit across a window",
         "admit hit in several KV cache groups",
+        "release_window released blocks",
         "sibling reclaim",
         "evict callback",
         "map callback",

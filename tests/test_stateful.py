@@ -65,7 +65,13 @@ def windows(block_size: int):
     groups = st.lists(kinds(block_size), min_size=1, max_size=2).map(
         lambda rest: {"kv_cache_groups": [KVCacheGroup(**kind) for kind in [{}, *rest]]}
     )
-    return st.one_of(st.just({}), kinds(block_size), groups)
+    # Now and then the engine releases out-of-window blocks itself (release_window).
+    release = st.sampled_from([{}, {}, {"window_release": "explicit"}])
+    return st.builds(
+        lambda kind, how: {**kind, **how},
+        st.one_of(st.just({}), kinds(block_size), groups),
+        release,
+    )
 
 
 class KernelsVersusReference(RuleBasedStateMachine):
@@ -213,6 +219,20 @@ class KernelsVersusReference(RuleBasedStateMachine):
             for i in ids:
                 self.live.remove(i)
                 self.dead.append(i)
+
+    @rule(data=st.data())
+    def release_window(self, data):
+        """Release out-of-window blocks at lengths up to the sequences' (now and then one past
+        it, or a dead id: an error on both sides, nothing changed)."""
+        ids = self.pick(data, allow_dead=data.draw(st.integers(0, 7)) == 0)
+        live = [i for i in ids if i in self.live]
+        lens = dict(zip(live, self.ref.seq_lens(live).tolist(), strict=True)) if live else {}
+        lengths = [data.draw(st.integers(0, lens.get(i, 3) + 1)) for i in ids]
+        kv, ref = self.both("release_window", ids, lengths)
+        if kv is not None:
+            assert kv == ref
+            if kv:
+                event("release_window released blocks")
 
     @rule(data=st.data())
     def truncate(self, data):

@@ -336,7 +336,7 @@ def test_window_hooks_do_nothing_for_a_plain_managers_arena():
     vec, i64 = types.Array(types.int64, 1, "C"), types.int64
     rows = types.Array(types.int64, 2, "C")
     hooks = {
-        w._drop_window_impl: ((i64,), None, "drop_out_of_window"),
+        w._drop_window_impl: ((i64, i64), 0, "drop_out_of_window"),
         w._window_gain_of_impl: ((vec, vec), 0, "window_gain"),
         w._window_hits_of_impl: ((rows, i64), PromptHits(0, 0, 3), "windowed_prompt_hits"),
         w._anchor_of_impl: ((vec, types.boolean, i64, i64), None, "admit_anchor"),
@@ -365,3 +365,69 @@ def test_a_capped_chunked_hit_keeps_the_start_of_the_cap_s_chunk():
         assert result.num_cached_tokens.tolist() == [12]
         assert table(mgr, result.ids[0])[:3] == [N, N, held[2]]
         mgr.check()
+
+
+# ------------------------------------------------------- window_release="explicit"
+def test_explicit_release_keeps_blocks_until_the_engine_releases_them():
+    for cls in (BlockManager, ReferenceBlockManager):
+        mgr = cls(32, 4, sliding_window=6, window_release="explicit")
+        (s,) = mgr.admit(np.arange(10), [10]).ids
+        mgr.append([s], [5], np.arange(5))
+        assert table(mgr, s) == [0, 1, 2, 3]  # the append released nothing
+        # Processed 10 tokens: the next one reaches back to position 5, block 1.
+        assert mgr.release_window([s], [10]) == 1
+        assert table(mgr, s) == [N, 1, 2, 3]
+        assert mgr.release_window([s], [15]) == 1  # position 10: block 2
+        assert mgr.release_window([s], [12]) == 0  # below what is released already
+        assert table(mgr, s) == [N, N, 2, 3] and mgr.stats().cached == 2
+        mgr.check()
+        plain = cls(32, 4)
+        (t,) = plain.admit(np.arange(10), [10]).ids
+        assert plain.release_window([t], [10]) == 0  # full attention releases nothing
+
+
+def test_explicit_release_counts_no_window_gain_for_an_append():
+    for cls in (BlockManager, ReferenceBlockManager):
+        mgr = cls(4, 4, sliding_window=5, prefix_caching=False, window_release="explicit")
+        a, _ = mgr.admit(np.arange(16), [12, 4]).ids
+        assert not mgr.can_append([a], [1])
+        with pytest.raises(PoolExhausted) as err:
+            mgr.append([a], [1])
+        assert (err.value.needed, err.value.available) == (1, 0)
+        # Position 12 reaches back to position 8: blocks 0 and 1 go, both free.
+        assert mgr.release_window([a], [12]) == 2
+        mgr.append([a], [1])
+        assert table(mgr, a)[:2] == [N, N]
+        mgr.check()
+
+
+def test_release_window_follows_each_groups_rule():
+    groups = [
+        kvnumba.KVCacheGroup(),
+        kvnumba.KVCacheGroup(sliding_window=6),
+        kvnumba.KVCacheGroup(attention_chunk_size=8),
+    ]
+    for cls in (BlockManager, ReferenceBlockManager):
+        mgr = cls(64, 4, kv_cache_groups=groups, window_release="explicit")
+        ids = mgr.admit(np.arange(10), [10]).ids.ravel()
+        assert mgr.release_window(ids, [10, 10, 10]) == 3
+        assert mgr.block_tables(ids).tolist() == [[0, 1, 2], [N, 4, 5], [N, N, 8]]
+        mgr.check()
+
+
+@pytest.mark.parametrize(
+    ("lengths", "match"),
+    [([11], "exceeds the 10 tokens"), ([-1], "negative"), ([1, 2], "entries")],
+)
+def test_a_bad_release_window_changes_nothing(lengths, match):
+    mgr = BlockManager(32, 4, sliding_window=6)
+    (s,) = mgr.admit(np.arange(10), [10]).ids
+    before = mgr.snapshot()
+    with pytest.raises(ValueError, match=match):
+        mgr.release_window([s], lengths)
+    with pytest.raises(ValueError):
+        mgr.release_window([s, s], [10, 10])  # the same sequence twice
+    for field, old in zip(before._fields, before, strict=True):
+        assert np.array_equal(getattr(mgr.state, field), old), field
+    with pytest.raises(ValueError, match="window_release"):
+        BlockManager(32, 4, sliding_window=6, window_release="never")

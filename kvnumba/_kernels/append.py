@@ -13,7 +13,7 @@ from kvnumba._kernels.sequences import resolve
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
-from kvnumba._kernels.windows import drop_window, has_drops, window_gain_of, windowed
+from kvnumba._kernels.windows import drop_window, drops_on_append, has_drops, window_gain_of
 from kvnumba._state import (
     F_KNOWN,
     F_TRIMMED,
@@ -354,7 +354,7 @@ def append_need(ids, counts, slots, dropped, arena, scratch, pool):
         return Outcome(check.status, check.bad, 0, 0, 0)
     needed = total_need(v, slots, counts, dropped)
     available = free_now(v) + v.meta[M_CACHED]
-    if windowed(v):
+    if drops_on_append(v):
         available += window_gain_of(arena, scratch, pool, slots, counts)
     return Outcome(ST_OK, -1, needed, available, 0)
 
@@ -384,7 +384,7 @@ def run_append(inputs, results, arena, scratch, pool):
     for i in range(slots.shape[0]):
         if counts[i] > 0:
             needed += blocks_of(counts[i], block_size) + 1
-    win = windowed(v)
+    win = drops_on_append(v)
     if needed > available:
         needed = total_need(v, slots, counts, results.cow_src)
         if win:
@@ -410,8 +410,8 @@ def run_append(inputs, results, arena, scratch, pool):
     if win and atomic:
         # Every sequence's out-of-window blocks go before any sequence grows.
         for i in range(slots.shape[0]):
-            if counts[i] > 0 and has_drops(v, slots[i]):
-                drop_window(arena, scratch, pool, slots[i])
+            if counts[i] > 0 and has_drops(v, slots[i], v.seq_len[slots[i]]):
+                drop_window(arena, scratch, pool, slots[i], v.seq_len[slots[i]])
     offset = np.int64(0)
     for i in range(slots.shape[0]):
         # An atomic call already knows that everything fits; otherwise each sequence's need is
@@ -422,12 +422,12 @@ def run_append(inputs, results, arena, scratch, pool):
         drops = False
         if not atomic:
             need = blocks_needed(slots[i], counts[i], v.ref, block_size, v.seq_table, v.seq_len)
-            drops = win and counts[i] > 0 and has_drops(v, slots[i])
+            drops = win and counts[i] > 0 and has_drops(v, slots[i], v.seq_len[slots[i]])
             if drops:
                 gain = window_gain_of(arena, scratch, pool, slots[i : i + 1], counts[i : i + 1])
         if need <= remaining + gain:
             if drops:
-                drop_window(arena, scratch, pool, slots[i])
+                drop_window(arena, scratch, pool, slots[i], v.seq_len[slots[i]])
             remaining += gain
             growth = Growth(slots[i], counts[i], offset, offset)
             if not append_in_block(v, io, growth):

@@ -14,7 +14,7 @@ from kvnumba._kernels.outcomes import Outcome, Status
 from kvnumba._kernels.prefix import table_purge_evicted, table_remove
 from kvnumba._kernels.sequences import resolve_ids
 from kvnumba._kernels.views import views
-from kvnumba._kernels.windows import window_gap, windowed
+from kvnumba._kernels.windows import drop_window, window_gap, windowed
 from kvnumba._state import (
     F_REGISTERED,
     F_TRIMMED,
@@ -48,6 +48,33 @@ def _begin(v):
     v.scr[S_MAP_N] = 0
     v.scr[S_UNMAP_N] = 0
     v.scr[S_FAILED] = 0
+
+
+@out_of_line
+def run_release_window(ids, lengths, slots, arena, scratch, pool):
+    """Release, for each sequence ``ids[i]``, the blocks its tokens from position
+    ``lengths[i]`` on cannot reach (``release_window``); returns an :class:`.Outcome` whose
+    ``count`` is the number of blocks released. Validated as :func:`run_truncate` (lengths of
+    both arrays, negative lengths, ids, lengths beyond the sequence's) before any write. A
+    manager without a window (its hook does nothing) releases none.
+    """
+    if lengths.shape[0] != ids.shape[0]:
+        return Outcome(ST_TOKEN_MISMATCH, -1, 0, 0, 0)
+    for i in range(lengths.shape[0]):
+        if lengths[i] < 0:
+            return Outcome(ST_BAD_NEW_LEN, i, 0, 0, 0)
+    resolved = resolve_ids(ids, True, slots, arena, scratch)
+    if resolved.status != ST_OK:
+        return Outcome(resolved.status, resolved.bad, 0, 0, 0)
+    v = views(arena, scratch, pool)
+    for i in range(ids.shape[0]):
+        if lengths[i] > v.seq_len[slots[i]]:
+            return Outcome(ST_BAD_NEW_LEN, i, 0, 0, 0)
+    _begin(v)
+    released = 0
+    for i in range(ids.shape[0]):
+        released += drop_window(arena, scratch, pool, slots[i], lengths[i])
+    return Outcome(ST_OK, -1, 0, 0, released)
 
 
 @out_of_line

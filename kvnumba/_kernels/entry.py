@@ -36,7 +36,12 @@ from kvnumba._kernels.admit import (
 from kvnumba._kernels.append import AppendInputs, AppendOutputs, append_need, run_append
 from kvnumba._kernels.carve import arena_at, carve
 from kvnumba._kernels.check import check
-from kvnumba._kernels.engine import run_evict, run_reset_prefix_cache, run_truncate
+from kvnumba._kernels.engine import (
+    run_evict,
+    run_release_window,
+    run_reset_prefix_cache,
+    run_truncate,
+)
 from kvnumba._kernels.eviction import run_set_next_use
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined
@@ -337,6 +342,25 @@ def k_truncate(ids, new_lens, arena, scratch):
 def k_truncate_paged(ids, new_lens, arena, scratch, pool):
     """``truncate`` of a manager on a page pool (a freed block may unmap its page)."""
     return _truncate(ids, new_lens, arena, scratch, with_pages(pool))
+
+
+@njit(cache=True, inline="always")
+def _release_window(ids, lengths, arena, scratch, pool):
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    outcome = run_release_window(ids, lengths, slots, arena, scratch, pool)
+    return outcome.status, outcome.bad, 0, 0, outcome.count
+
+
+@njit(cache=True)
+def k_release_window(ids, lengths, arena, scratch):
+    """``release_window``: returns (status, bad, 0, 0, blocks released)."""
+    return _release_window(ids, lengths, arena, scratch, with_pages(scratch))
+
+
+@njit(cache=True)
+def k_release_window_paged(ids, lengths, arena, scratch, pool):
+    """``release_window`` of a manager on a page pool (a freed block may unmap its page)."""
+    return _release_window(ids, lengths, arena, scratch, with_pages(pool))
 
 
 @njit(cache=True)

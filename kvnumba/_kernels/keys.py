@@ -19,7 +19,7 @@ from kvnumba._kernels.prefix import table_insert
 from kvnumba._kernels.sequences import resolve, resolve_ids
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import views
-from kvnumba._kernels.windows import first_needed, windowed
+from kvnumba._kernels.windows import drops_on_append, first_needed, windowed
 from kvnumba._state import (
     EMPTY,
     F_HASHED,
@@ -262,7 +262,12 @@ def check_key_run(seq_id, count, start, keys, arena, scratch):
         return Status(ST_BAD_KEY_POSITION, 0)
     held = (length + block_size - 1) // block_size
     # A windowed append first releases the blocks below its sequence's first needed position.
-    if count > 0 and windowed(v) and keys.shape[0] > 0 and start < first_needed(v, slot, length):
+    if (
+        count > 0
+        and drops_on_append(v)
+        and keys.shape[0] > 0
+        and start < first_needed(v, slot, length)
+    ):
         return Status(ST_BAD_KEY_POSITION, 0)
     for r in range(keys.shape[0]):
         pos = start + r

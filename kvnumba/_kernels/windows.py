@@ -26,6 +26,7 @@ from kvnumba._kernels.views import views
 from kvnumba._state import (
     F_HASHED,
     FIELD,
+    M_EXPLICIT_RELEASE,
     M_GROUP_CHUNK,
     M_GROUP_WINDOW,
     M_GROUPS,
@@ -76,10 +77,18 @@ def first_needed(v, slot, length):
 
 
 @inlined
-def has_drops(v, slot):
-    """Whether sequence ``slot`` holds a block below its first needed position (inline: on a
-    decode step most sequences hold none, and skip the call to :func:`drop_window`)."""
-    pos = first_needed(v, slot, v.seq_len[slot]) - 1
+def drops_on_append(v):
+    """Whether an append releases the out-of-window blocks of the sequences it grows (a
+    windowed manager but with ``window_release="explicit"``)."""
+    return v.meta[M_WINDOWS] != 0 and v.meta[M_EXPLICIT_RELEASE] == 0
+
+
+@inlined
+def has_drops(v, slot, length):
+    """Whether sequence ``slot`` holds a block below the first position its tokens from
+    ``length`` on reach (inline: on a decode step most sequences hold none, and skip the call
+    to :func:`drop_window`)."""
+    pos = first_needed(v, slot, length) - 1
     return pos >= 0 and v.seq_table[slot, pos] != NULL_BLOCK
 
 
@@ -96,9 +105,10 @@ def set_anchor(v, slot, h, known):
 
 
 @out_of_line
-def drop_out_of_window(arena, scratch, pool, slot):
-    """Release the blocks of sequence ``slot`` that its next tokens cannot reach, highest
-    position first, their entries set to ``NULL_BLOCK``; the highest one becomes the anchor.
+def drop_out_of_window(arena, scratch, pool, slot, length):
+    """Release the blocks of sequence ``slot`` that its tokens from position ``length`` on
+    cannot reach, highest position first, their entries set to ``NULL_BLOCK``; the highest one
+    becomes the anchor. Returns how many.
 
     The released positions are a prefix of the table, so the walk stops at the first
     ``NULL_BLOCK``: each block is released once, O(1) amortized per block. (The out-of-line
@@ -106,16 +116,17 @@ def drop_out_of_window(arena, scratch, pool, slot):
     compile time than these helpers' bodies.)
     """
     v = views(arena, scratch, pool)
-    if not has_drops(v, slot):
-        return
+    if not has_drops(v, slot, length):
+        return 0
     seq_table = v.seq_table
     width = seq_table.shape[1]
-    pos = first_needed(v, slot, v.seq_len[slot]) - 1
+    pos = first_needed(v, slot, length) - 1
     top = seq_table[slot, pos]
     if v.block_flags[top] & F_HASHED:
         set_anchor(v, slot, v.block_hash[top], 1)
     else:
         set_anchor(v, slot, 0, 0)
+    released = 0
     while pos >= 0:
         b = seq_table[slot, pos]
         if b == NULL_BLOCK:
@@ -123,7 +134,9 @@ def drop_out_of_window(arena, scratch, pool, slot):
         log_write(v, FIELD.seq_table, slot * width + pos, b)
         seq_table[slot, pos] = NULL_BLOCK
         drop_ref(v, b)
+        released += 1
         pos -= 1
+    return released
 
 
 @inlined
@@ -223,16 +236,18 @@ def _extended(arena) -> bool:
     return arena.layout == "A"
 
 
-def drop_window(arena, scratch, pool, slot):
+def drop_window(arena, scratch, pool, slot, length):
     """:func:`drop_out_of_window` of sequence ``slot`` of a windowed manager."""
-    drop_out_of_window(arena, scratch, pool, slot)
+    return drop_out_of_window(arena, scratch, pool, slot, length)
 
 
 @overload(drop_window, jit_options=_HOOK)
-def _drop_window_impl(arena, scratch, pool, slot):
+def _drop_window_impl(arena, scratch, pool, slot, length):
     if _extended(arena):
-        return lambda arena, scratch, pool, slot: drop_out_of_window(arena, scratch, pool, slot)
-    return lambda arena, scratch, pool, slot: None
+        return lambda arena, scratch, pool, slot, length: drop_out_of_window(
+            arena, scratch, pool, slot, length
+        )
+    return lambda arena, scratch, pool, slot, length: 0
 
 
 def window_gain_of(arena, scratch, pool, slots, counts):

@@ -89,15 +89,17 @@ class CallsMixin:
 
     # ------------------------------------------------------------------ windows
 
-    def _window_drops(self, slot: int) -> list[int]:
-        """Table positions of ``slot`` that left its window and still hold a block, highest
-        first (the order they are released in, as :meth:`release` goes tail first).
+    def _window_drops(self, slot: int, length: int | None = None) -> list[int]:
+        """Table positions of ``slot`` that its tokens from ``length`` on (default: its
+        length) cannot reach and that still hold a block, highest first (the order they are
+        released in, as :meth:`release` goes tail first).
 
         The released positions are a prefix of the table, so the scan down from the first
         needed block stops at the first ``NULL_BLOCK``. Empty for full attention.
         """
         table = self._table[slot]
-        first = first_needed_block(self._len[slot], self._block_size, *self._kind(slot))
+        length = self._len[slot] if length is None else length
+        first = first_needed_block(length, self._block_size, *self._kind(slot))
         drops: list[int] = []
         for j in range(first - 1, -1, -1):
             if table[j] == NULL_BLOCK:
@@ -106,12 +108,16 @@ class CallsMixin:
         return drops
 
     def _window_gain(self, slots: list[int]) -> int:
-        """Blocks whose last reference the window drops of ``slots`` (in order) release.
+        """Blocks whose last reference the window drops of ``slots`` (in order) release: what
+        an append growing them adds to what is available (none with
+        ``window_release="explicit"``, whose appends release nothing).
 
         Simulated on counts, nothing changed: a block two of them share counts once, when its
         last reference goes. Each such block becomes cached or free, one more available block
         (with a page pool too: a page it empties is unmapped, and mappable again).
         """
+        if self._explicit_release:
+            return 0
         dropped: dict[int, int] = {}
         gain = 0
         for slot in slots:
@@ -123,21 +129,23 @@ class CallsMixin:
                     gain += 1
         return gain
 
-    def _drop_window(self, slot: int) -> None:
-        """Release the blocks that left ``slot``'s window, highest position first; their
-        entries become ``NULL_BLOCK``.
+    def _drop_window(self, slot: int, length: int | None = None) -> int:
+        """Release the blocks that ``slot``'s tokens from ``length`` on (default: its length)
+        cannot reach, highest position first; their entries become ``NULL_BLOCK``. Returns how
+        many.
 
         The anchor takes the hash of the highest one first (a dropped block may be scrubbed):
         the block that fills after the gap chains onto it.
         """
         table = self._table[slot]
-        drops = self._window_drops(slot)
+        drops = self._window_drops(slot, length)
         if drops:
             self._anchor[slot] = self._hash[table[drops[0]]]
         for j in drops:
             block = table[j]
             table[j] = NULL_BLOCK
             self._drop_ref(block)
+        return len(drops)
 
     # ------------------------------------------------------------------ call bookkeeping
 
@@ -280,8 +288,8 @@ class CallsMixin:
             available = self._available() + self._window_gain(grown)
             if needed > available:
                 raise _exhausted(needed, available, needed - available)
-            for slot in grown:  # every drop before any growth
-                self._drop_window(slot)
+            for slot in grown if not self._explicit_release else ():
+                self._drop_window(slot)  # every drop before any growth
         out: list[int] = []
         cow: list[tuple] = []
         ok = np.ones(len(slots), dtype=bool)
@@ -296,7 +304,7 @@ class CallsMixin:
                 ok[i] = False  # untouched, its out-of-window blocks included
                 out.extend([-1] * count)
             else:
-                if count:
+                if count and not self._explicit_release:
                     self._drop_window(slot)
                 self._grow(slot, count, chunk, out, cow)
             start += count

@@ -81,6 +81,42 @@ class EngineMixin:
                 self._trimmed.add(cut)
         self._commit_call()
 
+    def release_window(self, ids, lengths) -> int:
+        """Release, for each sequence ``ids[i]``, the blocks its tokens from position
+        ``lengths[i]`` on cannot reach, highest position first, as an append at that length
+        would (``docs/windows.md``); returns how many.
+
+        Parameters
+        ----------
+        ids : array-like of int, shape (m,)
+            Live sequence ids, no duplicates.
+        lengths : array-like of int, shape (m,)
+            ``0 <= lengths[i] <= len(ids[i])``: the tokens the engine has processed.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad input, duplicate ids, a length out of range.
+        InvalidSequence, SequenceReleased
+        """
+        ids = _as_int_array(ids, "ids")
+        lengths = _as_int_array(lengths, "lengths")
+        if len(lengths) != len(ids):
+            raise ValueError(f"lengths has {len(lengths)} entries for {len(ids)} ids")
+        if (lengths < 0).any():
+            raise ValueError("lengths must be >= 0")
+        slots = self._resolve_all(ids, unique=True)
+        lengths = lengths.tolist()
+        for slot, length in zip(slots, lengths, strict=True):
+            if length > self._len[slot]:
+                raise ValueError(f"length {length} exceeds the {self._len[slot]} tokens held")
+        self._begin_call()
+        released = sum(
+            self._drop_window(slot, length) for slot, length in zip(slots, lengths, strict=True)
+        )
+        self._commit_call()
+        return released
+
     def _leading_nulls(self, slot: int) -> int:
         """Table positions of ``slot`` that left the window (a prefix of its table)."""
         gone = 0

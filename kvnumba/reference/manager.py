@@ -134,6 +134,7 @@ class ReferenceBlockManager(
         sliding_window: int | None = None,
         attention_chunk_size: int | None = None,
         kv_cache_groups=None,
+        window_release: str = "append",
         _hash_bits: int = 64,
         _hindsight: bool = False,
     ):
@@ -181,6 +182,12 @@ class ReferenceBlockManager(
                     "give the attention kind in kv_cache_groups, not also on the manager"
                 )
             self._groups = list(group_geometry(kv_cache_groups, block_size))
+        if window_release not in ("append", "explicit"):
+            raise ValueError(
+                f"window_release must be 'append' or 'explicit', got {window_release!r}"
+            )
+        # Appends release no out-of-window block; only release_window does.
+        self._explicit_release = window_release == "explicit"
         # The window code runs: some group is windowed, or there are several.
         self._windowed = len(self._groups) > 1 or any(map(any, self._groups))
         self._block_keys = bool(block_keys)

@@ -31,7 +31,8 @@ class OneRequestMixin:
             # The window's released positions are a prefix; after this append it reaches up
             # to the first block the sequence needs now (count >= 1), or its NULL prefix.
             slot = self._resolve(seq_id)
-            gone = self._leading_nulls(slot) + (len(self._window_drops(slot)) if count else 0)
+            drops = count and not self._explicit_release
+            gone = self._leading_nulls(slot) + (len(self._window_drops(slot)) if drops else 0)
             if len(keys) and key_start < gone:
                 raise ValueError(
                     f"key position {key_start} of sequence {seq_id} left the window: no block "
