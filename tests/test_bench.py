@@ -222,6 +222,26 @@ def test_bench_exits_nonzero_when_the_implementations_disagree(monkeypatch, caps
     assert "DISAGREE" in capsys.readouterr().out
 
 
+def test_decode_hybrid_runs_every_operation_in_each_group_and_both_implementations_agree():
+    """The hybrid decode replays W-decode's operations on one sequence per KV cache group:
+    the full-attention group allocates what W-decode does and the sliding-window group what
+    decode-window does, from one pool; kvnumba and the reference agree on every counter and
+    on the final tables."""
+    pytest.importorskip("kvnumba.manager")
+    import kvnumba
+
+    plain = workloads.decode(20, 16, num_blocks=4096)
+    hybrid = workloads.decode(20, 16, num_blocks=4096, kv_cache_groups=((0, 0), (256, 0)))
+    assert hybrid.name == "decode-hybrid" and hybrid.num_blocks == 8192
+    assert np.array_equal(plain.ids, hybrid.ids) and np.array_equal(plain.vals, hybrid.vals)
+    fast = runner.replay(hybrid, kvnumba.BlockManager, check=True)
+    ref = runner.replay(hybrid, ReferenceBlockManager, check=True)
+    assert fast[3] == ref[3]
+    full = runner.replay(plain, kvnumba.BlockManager)[3]
+    assert fast[3].allocations == 2 * full.allocations
+    assert "decode-hybrid" in workloads.standard(quick=True) and "decode-hybrid" in OPT_IN
+
+
 def test_decode_window_releases_blocks_and_both_implementations_agree():
     """The windowed decode replays the same operations as W-decode: as many blocks are
     allocated, the tables differ (released positions), and kvnumba and the reference agree

@@ -24,7 +24,8 @@ EXIT_USAGE = 2
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvnumba bench",
-        description="Run the standard workloads (decode, decode-window, fork, churn, micro; "
+        description="Run the standard workloads (decode, decode-window, decode-hybrid, fork, "
+        "churn, micro; "
         "defined in the "
         "module kvnumba.bench.workloads) on kvnumba and on the pure-Python reference, in the "
         "same process, and compare.",
@@ -36,7 +37,9 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME",
         help="run only this workload (repeatable): decode, decode-window (decode on managers "
-        "with a 1024-token sliding window; run only when named), fork, fork-nofork, churn, micro "
+        "with a 1024-token sliding window; run only when named), decode-hybrid (decode with a "
+        "full-attention and a sliding-window KV cache group; run only when named), fork, "
+        "fork-nofork, churn, micro "
         "(all micro-K), micro-K or engine (one request per call: admit_one, append_one)",
     )
     p.add_argument(
@@ -62,8 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-#: Workloads run only when named: decode-window compiles the kernels' extended versions.
-OPT_IN = frozenset({"decode-window"})
+#: Workloads run only when named: they compile the kernels' extended versions.
+OPT_IN = frozenset({"decode-window", "decode-hybrid"})
 
 
 def _select(names: list[str] | None, available: dict) -> list[str]:
@@ -256,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         # Says so if it must compile, before any timing (decode-window and a policy other
         # than LRU run the kernels' extended versions).
         prepare(stream=sys.stderr, policy=args.eviction != "lru")
-        if args.eviction == "lru" and "decode-window" in names:
+        if args.eviction == "lru" and OPT_IN & set(names):
             prepare(stream=sys.stderr, policy=True)
     if args.eviction != "lru":
         fast_cls = functools.partial(fast_cls, eviction=args.eviction)

@@ -23,6 +23,7 @@ from kvnumba.bench.workloads import (
     OP_RELEASE,
     Workload,
 )
+from kvnumba.windows import KVCacheGroup
 
 # Timed call kinds: ``prefill`` is the ``append`` of a prefill, ``decode`` the 1-token append.
 CALL_KINDS = ("new_sequences", "prefill", "admit", "fork", "decode", "release")
@@ -132,6 +133,11 @@ def replay(workload: Workload, manager_cls, *, check: bool = False):
     """
     wl = workload
     window = {} if wl.sliding_window is None else {"sliding_window": wl.sliding_window}
+    groups = len(wl.kv_cache_groups) or 1
+    if wl.kv_cache_groups:
+        window["kv_cache_groups"] = [
+            KVCacheGroup(w or None, c or None) for w, c in wl.kv_cache_groups
+        ]
     mgr = manager_cls(
         wl.num_blocks,
         wl.block_size,
@@ -140,7 +146,8 @@ def replay(workload: Workload, manager_cls, *, check: bool = False):
         prefix_caching=True,
         **window,
     )
-    seq = np.full(wl.num_seqs, -1, dtype=np.int64)  # local id -> manager id
+    # local id -> manager id (one per KV cache group)
+    seq = np.full((wl.num_seqs, groups), -1, dtype=np.int64)
     live = np.zeros(wl.num_seqs, dtype=bool)
     spent = dict.fromkeys(CALL_KINDS, 0)
     calls = dict.fromkeys(CALL_KINDS, 0)
@@ -151,15 +158,17 @@ def replay(workload: Workload, manager_cls, *, check: bool = False):
     gc.disable()
     try:
         for kind, local, vals, tokens in wl.ops():
+            if groups > 1:  # every operation acts on the sequence of each group alike
+                vals = np.repeat(vals, groups)
             if kind == OP_DECODE:
-                ids = seq[local]
+                ids = seq[local].ravel()
                 t0 = clock()
                 res = mgr.append(ids, vals, atomic=wl.atomic)
                 spent["decode"] += clock() - t0
                 calls["decode"] += 1
                 failures += len(ids) - int(np.count_nonzero(res.ok))
             elif kind == OP_RELEASE:
-                ids = seq[local]
+                ids = seq[local].ravel()
                 t0 = clock()
                 mgr.release(ids)
                 spent["release"] += clock() - t0
@@ -167,9 +176,9 @@ def replay(workload: Workload, manager_cls, *, check: bool = False):
                 live[local] = False
             elif kind == OP_PREFILL:
                 t0 = clock()
-                ids = mgr.new_sequences(len(local))
+                ids = mgr.new_sequences(len(local)).reshape(len(local), groups)
                 t1 = clock()
-                mgr.append(ids, vals)
+                mgr.append(ids.ravel(), vals)
                 t2 = clock()
                 spent["new_sequences"] += t1 - t0
                 spent["prefill"] += t2 - t1
@@ -183,22 +192,22 @@ def replay(workload: Workload, manager_cls, *, check: bool = False):
                 res = mgr.admit(tokens, vals)
                 spent["admit"] += clock() - t0
                 calls["admit"] += 1
-                seq[local] = res.ids
+                seq[local] = np.reshape(res.ids, (len(local), groups))
                 live[local] = True
             elif kind == OP_FORK:
-                parents = seq[local]
+                parents = seq[local, 0]  # the fork workload has one group
                 t0 = clock()
                 children = mgr.fork(parents, n=wl.fork_n)
                 spent["fork"] += clock() - t0
                 calls["fork"] += 1
                 child_local = (vals[:, None] + fork_offsets).ravel()
-                seq[child_local] = np.asarray(children).ravel()
+                seq[child_local, 0] = np.asarray(children).ravel()
                 live[child_local] = True
     finally:
         if gc_was_enabled:
             gc.enable()
     st = mgr.stats()
-    alive = seq[live]
+    alive = seq[live].ravel()
     tables = np.ascontiguousarray(mgr.block_tables(alive), dtype=np.int32) if len(alive) else b""
     counters = Counters(
         allocations=int(st.allocations),

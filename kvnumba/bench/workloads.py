@@ -63,6 +63,9 @@ class Workload:
     ids, vals : numpy.ndarray of int64, shape (op_ptr[-1],)
     sliding_window : int or None
         The managers' sliding window in tokens (``decode-window``); None: full attention.
+    kv_cache_groups : tuple of (int, int)
+        The managers' KV cache groups as ``(window, chunk)`` pairs (``decode-hybrid``: every
+        sequence is one per group, grown alike); empty: one group.
     """
 
     name: str
@@ -80,6 +83,7 @@ class Workload:
     ids: np.ndarray
     vals: np.ndarray
     sliding_window: int | None = None
+    kv_cache_groups: tuple = ()
 
     @property
     def num_steps(self) -> int:
@@ -228,6 +232,7 @@ def decode(
     *,
     num_blocks: int = 65536,
     sliding_window: int | None = None,
+    kv_cache_groups: tuple = (),
 ) -> Workload:
     """W-decode: continuous-batching decode with ``batch`` concurrent sequences.
 
@@ -242,6 +247,9 @@ def decode(
     sliding_window : int, optional
         Run it on managers with this sliding window (``decode-window``: the same operations,
         while blocks leave each sequence's window as it grows).
+    kv_cache_groups : tuple of (int, int), optional
+        Run it on managers with these KV cache groups (``decode-hybrid``: every operation acts
+        on one sequence per group), on a pool of ``num_blocks`` per group.
 
     Returns
     -------
@@ -271,6 +279,15 @@ def decode(
         new, outs = admit(len(finished))
         active, left = np.concatenate([active, new]), np.concatenate([left, outs])
     wl = b.build("decode", num_blocks)
+    if kv_cache_groups:
+        groups = tuple(kv_cache_groups)
+        return dataclasses.replace(
+            wl,
+            name="decode-hybrid",
+            num_blocks=num_blocks * len(groups),
+            max_seqs=wl.max_seqs * len(groups),
+            kv_cache_groups=groups,
+        )
     if sliding_window is None:
         return wl
     return dataclasses.replace(wl, name="decode-window", sliding_window=sliding_window)
@@ -426,6 +443,9 @@ def micro(k: int, reps: int = 50, *, num_blocks: int = 65536) -> Workload:
 MICRO_KS = (1, 16, 256, 4096)
 #: The sliding window of ``decode-window`` (tokens): Gemma 3's local layers use 1024.
 DECODE_WINDOW = 1024
+#: The KV cache groups of ``decode-hybrid``: a full-attention group and a sliding-window one,
+#: as a model that alternates full and local layers (gpt-oss, Gemma 2) has.
+HYBRID_GROUPS = ((0, 0), (DECODE_WINDOW, 0))
 
 # Step counts of ``--quick`` runs (CI smoke): long enough for every operation kind, copy-on-write,
 # evictions and at least one allocation failure of W-churn to show up.
@@ -443,13 +463,14 @@ def standard(quick: bool = False) -> dict[str, Callable[[], Workload]]:
     Returns
     -------
     dict of str to callable
-        ``decode``, ``decode-window``, ``fork``, ``fork-nofork``, ``churn``, ``micro-1`` ...
+        ``decode``, ``decode-window``, ``decode-hybrid``, ``fork``, ``fork-nofork``, ``churn``, ``micro-1`` ...
         ``micro-4096``.
     """
     q = QUICK_STEPS if quick else {"decode": 2000, "fork": 2000, "churn": 5000, "micro": 50}
     out: dict[str, Callable[[], Workload]] = {
         "decode": lambda: decode(q["decode"]),
         "decode-window": lambda: decode(q["decode"], sliding_window=DECODE_WINDOW),
+        "decode-hybrid": lambda: decode(q["decode"], kv_cache_groups=HYBRID_GROUPS),
         "fork": lambda: fork(q["fork"]),
         "fork-nofork": lambda: fork(q["fork"], share=False),
         "churn": lambda: churn(q["churn"]),
