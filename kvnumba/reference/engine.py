@@ -38,17 +38,7 @@ class EngineMixin:
             needed block already left the window: the shorter sequence would need it again.
         InvalidSequence, SequenceReleased
         """
-        ids = _as_int_array(ids, "ids")
-        new_lens = _as_int_array(new_lens, "new_lens")
-        if len(new_lens) != len(ids):
-            raise ValueError(f"new_lens has {len(new_lens)} entries for {len(ids)} ids")
-        if (new_lens < 0).any():
-            raise ValueError("new_lens must be >= 0")
-        slots = self._resolve_all(ids, unique=True)
-        new_lens = new_lens.tolist()
-        for slot, new in zip(slots, new_lens, strict=True):
-            if new > self._len[slot]:
-                raise ValueError(f"new length {new} exceeds the {self._len[slot]} tokens held")
+        slots, new_lens = self._slots_and_lengths(ids, new_lens, "new_lens", "new length")
         bs = self._block_size
         for i, (slot, new) in enumerate(zip(slots, new_lens, strict=True)):
             # The released positions are the table's prefix [0, gone): a length that needs
@@ -99,23 +89,29 @@ class EngineMixin:
             Bad input, duplicate ids, a length out of range.
         InvalidSequence, SequenceReleased
         """
-        ids = _as_int_array(ids, "ids")
-        lengths = _as_int_array(lengths, "lengths")
-        if len(lengths) != len(ids):
-            raise ValueError(f"lengths has {len(lengths)} entries for {len(ids)} ids")
-        if (lengths < 0).any():
-            raise ValueError("lengths must be >= 0")
-        slots = self._resolve_all(ids, unique=True)
-        lengths = lengths.tolist()
-        for slot, length in zip(slots, lengths, strict=True):
-            if length > self._len[slot]:
-                raise ValueError(f"length {length} exceeds the {self._len[slot]} tokens held")
+        slots, lengths = self._slots_and_lengths(ids, lengths, "lengths", "length")
         self._begin_call()
         released = sum(
             self._drop_window(slot, length) for slot, length in zip(slots, lengths, strict=True)
         )
         self._commit_call()
         return released
+
+    def _slots_and_lengths(self, ids, lengths, name: str, noun: str):
+        """The slots of distinct live ``ids`` and ``lengths`` as a list, each within
+        ``0 .. seq_len`` (``truncate`` and ``release_window``); raises before any change."""
+        ids = _as_int_array(ids, "ids")
+        lengths = _as_int_array(lengths, name)
+        if len(lengths) != len(ids):
+            raise ValueError(f"{name} has {len(lengths)} entries for {len(ids)} ids")
+        if (lengths < 0).any():
+            raise ValueError(f"{name} must be >= 0")
+        slots = self._resolve_all(ids, unique=True)
+        lengths = lengths.tolist()
+        for slot, length in zip(slots, lengths, strict=True):
+            if length > self._len[slot]:
+                raise ValueError(f"{noun} {length} exceeds the {self._len[slot]} tokens held")
+        return slots, lengths
 
     def _leading_nulls(self, slot: int) -> int:
         """Table positions of ``slot`` that left the window (a prefix of its table)."""
