@@ -123,7 +123,7 @@ def _compile(args: list[str]) -> int:
         with compile_lock(groups, shared=[kernels.ENGINE_AFTER[name]]):
             kernels.compile_all([name], progress=progress)
     if options.policies:
-        policy_names = kernels.ENGINE_POLICY if options.engine else kernels.POLICY
+        policy_names = kernels.ENGINE_GROUPED if options.engine else kernels.POLICY
         kernels.compile_all(policy_names, progress=progress, policy=True)
     if not options.quiet:
         what = "engine kernels" if options.engine else "all kernels"

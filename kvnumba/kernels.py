@@ -269,6 +269,8 @@ ENGINE = tuple(name for group in ENGINE_GROUPS for name in group)
 #: What an engine's manager with an eviction policy other than LRU calls (its one-request
 #: calls that change state take the batched kernels; lookups read the state with the LRU ones).
 ENGINE_POLICY = ("k_admit_keys", "k_append", "k_set_keys", "k_release", "k_lookup_keys")
+#: What vLLM's manager of windowed or several KV cache groups calls (the extended kernels).
+ENGINE_GROUPED = (*ENGINE_POLICY, "k_release_window")
 
 
 def prepare(names=PLAIN, stream=None, policy: bool = False) -> None:

@@ -2,7 +2,8 @@
 
 :class:`KVNumbaKVCacheManager` has the constructor and the scheduler-facing interface of vLLM's
 ``KVCacheManager`` for one full-attention KV cache group, backed by a
-:class:`kvnumba.BlockManager`; :class:`KVNumbaScheduler` is vLLM's ``Scheduler`` building it
+:class:`kvnumba.BlockManager`; :class:`KVNumbaGroupsKVCacheManager` the same for sliding-window
+and chunked-local groups and hybrid models (several groups over one pool); :class:`KVNumbaScheduler` is vLLM's ``Scheduler`` building it
 (``--scheduler-cls kvnumba.integrations.vllm.KVNumbaScheduler``) and falling back to vLLM's own
 manager, with a warning, for what it does not support; with async scheduling on it builds a
 :class:`KVNumbaAsyncScheduler`, vLLM's ``AsyncScheduler`` with the same manager.
@@ -24,6 +25,7 @@ except ImportError as exc:  # say which vLLM is needed, keep the cause
 
 check_vllm_version(getattr(_vllm, "__version__", None))
 
+from kvnumba.integrations.vllm.groups import KVNumbaGroupsKVCacheManager  # noqa: E402
 from kvnumba.integrations.vllm.manager import KVNumbaKVCacheManager  # noqa: E402
 from kvnumba.integrations.vllm.scheduler import (  # noqa: E402
     KVNumbaAsyncScheduler,
@@ -33,6 +35,7 @@ from kvnumba.integrations.vllm.scheduler import (  # noqa: E402
 
 __all__ = [
     "KVNumbaAsyncScheduler",
+    "KVNumbaGroupsKVCacheManager",
     "KVNumbaKVCacheManager",
     "KVNumbaScheduler",
     "kvnumba_enabled",

@@ -13,9 +13,8 @@ from __future__ import annotations
 from kvnumba.integrations.engine_keys import hash_from_key
 from kvnumba.state import BlockFlag
 
-# vLLM's BlockHashWithGroupId is the digest followed by the group id in 4 big-endian bytes; the
-# adapter serves group 0 only.
-GROUP0 = (0).to_bytes(4, "big")
+# vLLM's BlockHashWithGroupId is the digest followed by the group id in 4 big-endian bytes.
+GROUP_BYTES = tuple(g.to_bytes(4, "big") for g in range(8))
 
 
 class KVNumbaBlock:
@@ -51,7 +50,7 @@ class KVNumbaBlock:
         return f"KVNumbaBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt})"
 
 
-def block_hash_of(state, block_id: int, width: int) -> bytes | None:
+def block_hash_of(state, block_id: int, width: int, groups: int = 1) -> bytes | None:
     """vLLM's ``BlockHashWithGroupId`` of ``block_id`` from kvnumba's state, or None.
 
     Parameters
@@ -62,12 +61,16 @@ def block_hash_of(state, block_id: int, width: int) -> bytes | None:
         Block id.
     width : int
         Digest length of the engine's hash function.
+    groups : int, default 1
+        KV cache groups of the manager: a block's group is its salt modulo ``groups``
+        (kvnumba keeps ``salt * groups + group``, and the adapter admits with salt 0).
 
     Returns
     -------
     bytes or None
-        Digest plus group 0, when the block carries a key (``BlockFlag.HASHED``).
+        Digest plus group id, when the block carries a key (``BlockFlag.HASHED``).
     """
     if not state.block_flags[block_id] & BlockFlag.HASHED:
         return None
-    return hash_from_key(state.block_key[block_id], width) + GROUP0
+    group = int(state.block_salt[block_id]) % groups
+    return hash_from_key(state.block_key[block_id], width) + GROUP_BYTES[group]

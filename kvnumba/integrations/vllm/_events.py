@@ -25,9 +25,16 @@ REMOVED = 2
 
 
 def block_stored(
-    request, first: int, stop: int, block_size: int, kind: str, lookahead: int = 0
+    request,
+    first: int,
+    stop: int,
+    block_size: int,
+    kind: str,
+    lookahead: int = 0,
+    group: int = 0,
+    positions: list[int] | None = None,
 ) -> BlockStored:
-    """``BlockStored`` for table positions ``first .. stop - 1`` of ``request`` (group 0).
+    """``BlockStored`` for table positions ``first .. stop - 1`` of ``request`` in one group.
 
     Parameters
     ----------
@@ -41,6 +48,12 @@ def block_stored(
         ``KVCacheSpecKind`` value of the group, as vLLM annotates stored events.
     lookahead : int, default 0
         Tokens after each block that its hash covers (``num_hash_lookahead_tokens``).
+    group : int, default 0
+        The KV cache group (``group_idx``).
+    positions : list of int, optional
+        The positions of the run whose blocks were cached (default all): a sliding-window
+        group leaves out its null blocks and, under sparse retention, the blocks no hit can
+        reach. vLLM lists hashes and extra keys of those only, and the tokens of the whole run.
 
     Returns
     -------
@@ -51,7 +64,9 @@ def block_stored(
     extra, mm_idx = [], 0
     ahead: list[list[int]] | None = [] if lookahead else None
     tokens = request.all_token_ids
-    for pos in range(first, stop):
+    if positions is None:
+        positions = range(first, stop)
+    for pos in positions:
         start, end = pos * block_size, (pos + 1) * block_size
         if lookahead:
             keys, mm_idx = _compat.lookahead_extra_keys(
@@ -63,7 +78,7 @@ def block_stored(
         extra.append(keys)
     lora = request.lora_request
     return BlockStored(
-        block_hashes=[maybe_convert_block_hash(h) for h in hashes[first:stop]],
+        block_hashes=[maybe_convert_block_hash(hashes[pos]) for pos in positions],
         parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first > 0 else None,
         token_ids=request.all_token_ids[first * block_size : stop * block_size],
         block_size=block_size,
@@ -71,7 +86,7 @@ def block_stored(
         medium=MEDIUM_GPU,
         lora_name=lora.name if lora else None,
         extra_keys=to_event_extra_keys(extra),
-        group_idx=0,
+        group_idx=group,
         kv_cache_spec_kind=kind,
         session_id=request.session_id,
         **_compat.stored_event_fields(ahead),

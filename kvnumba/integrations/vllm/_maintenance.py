@@ -124,11 +124,11 @@ class CacheMaintenance:
         for event in events:
             if not isinstance(event, BlockStored) or event.group_idx is None:
                 continue
-            if event.group_idx != 0:
+            if not 0 <= event.group_idx < len(self.kv_cache_event_metadata):
                 logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
                 continue
             event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = (
-                self.kv_cache_event_metadata[0]
+                self.kv_cache_event_metadata[event.group_idx]
             )
         return events
 

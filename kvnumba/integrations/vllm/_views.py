@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from kvnumba.integrations.vllm._blocks import KVNumbaBlock, block_hash_of
+from kvnumba.integrations.vllm._blocks import GROUP_BYTES, KVNumbaBlock, block_hash_of
 from kvnumba.state import NIL, BlockFlag, Meta
 
 
@@ -61,8 +61,9 @@ class CachedBlocksView(Mapping):
         pool.flush_keys()
         state = pool.state
         registered = np.flatnonzero(state.block_flags & BlockFlag.REGISTERED)
+        width, groups = pool.width, pool.groups
         self._cache = {
-            block_hash_of(state, int(b), pool.width): pool.blocks[int(b)] for b in registered
+            block_hash_of(state, int(b), width, groups): pool.blocks[int(b)] for b in registered
         }
 
     def __getitem__(self, key: bytes) -> KVNumbaBlock:
@@ -96,6 +97,7 @@ class BlockPoolView:
     def __init__(self, owner) -> None:
         self._owner = owner
         self.state = owner.kvnumba.state
+        self.groups = owner.num_kv_cache_groups
         self.num_gpu_blocks = owner.kvnumba.num_blocks
         self.enable_caching = owner.enable_caching
         self.hash_block_size = owner.block_size
@@ -117,7 +119,7 @@ class BlockPoolView:
     def block_hash_of(self, block_id: int) -> bytes | None:
         """``BlockHashWithGroupId`` of a hashed block, else None."""
         self._owner.flush_keys()
-        return block_hash_of(self.state, block_id, self._owner.hash_width)
+        return block_hash_of(self.state, block_id, self._owner.hash_width, self.groups)
 
     def free_blocks(self, ordered_blocks) -> None:
         """Return the blocks of a deferred free (``pop_blocks_for_free``) to the pool.
@@ -148,11 +150,18 @@ class BlockPoolView:
         return CachedBlocksView(self)
 
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]):
-        """The registered block of ``block_hash`` for group 0 as a one-item list, or None."""
-        if list(kv_cache_group_ids) != [0]:
-            return None
-        block = self.cached_block_hash_to_block.get_one_block(block_hash + bytes(4))
-        return None if block is None else [block]
+        """The registered blocks of ``block_hash``, one per group of ``kv_cache_group_ids``,
+        or None unless every group has one."""
+        cache = self.cached_block_hash_to_block
+        blocks = []
+        for group in kv_cache_group_ids:
+            if not 0 <= group < self.groups:
+                return None
+            block = cache.get_one_block(block_hash + GROUP_BYTES[group])
+            if block is None:
+                return None
+            blocks.append(block)
+        return blocks
 
     @property
     def kv_event_queue(self) -> list:
@@ -173,15 +182,17 @@ class BlockPoolView:
 
 
 class _RequestTables(Mapping):
-    """``req_to_blocks``: each held request's block list (the one ``get_blocks`` wraps)."""
+    """``req_to_blocks``: each held request's block list in one group (the one ``get_blocks``
+    wraps)."""
 
-    def __init__(self, owner) -> None:
+    def __init__(self, owner, group: int = 0) -> None:
         self._owner = owner
+        self._group = group
 
     def __getitem__(self, request_id: str) -> list[KVNumbaBlock]:
         if request_id not in self._owner.held:
             raise KeyError(request_id)
-        return self._owner.blocks_of(request_id)
+        return self._owner.blocks_of(request_id, self._group)
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._owner.held))
@@ -208,17 +219,18 @@ class _CachedCounts(Mapping):
 
 
 class SingleTypeManagerView:
-    """vLLM's ``FullAttentionManager`` for group 0, read from the adapter."""
+    """vLLM's single-type manager of one KV cache group, read from the adapter."""
 
-    kv_cache_group_id = 0
     retains_longer_hit = False
 
-    def __init__(self, owner, kv_cache_spec) -> None:
+    def __init__(self, owner, kv_cache_spec, group: int = 0) -> None:
         self.kv_cache_spec = kv_cache_spec
+        self.kv_cache_group_id = group
         self.block_size = owner.block_size
         self.block_pool = owner.block_pool
+        self._null_block = owner.block_pool.null_block  # what vLLM's tests compare entries with
         self.enable_caching = owner.enable_caching
-        self.req_to_blocks = _RequestTables(owner)
+        self.req_to_blocks = _RequestTables(owner, group)
         self.num_cached_block = _CachedCounts(owner)
 
 
@@ -255,3 +267,42 @@ class CoordinatorView:
         """The request's blocks, as a one-group tuple."""
         held = request_id in self._owner.held
         return (self._owner.blocks_of(request_id) if held else [],)
+
+
+class GroupsCoordinatorView:
+    """vLLM's ``KVCacheCoordinator`` for several KV cache groups (or one windowed group): what
+    the scheduler and vLLM's tests ask of it, answered by
+    :class:`~kvnumba.integrations.vllm.groups.KVNumbaGroupsKVCacheManager`."""
+
+    enable_partial_hash_hits = False
+
+    def __init__(self, owner, kv_cache_specs) -> None:
+        self._owner = owner
+        self.block_pool = owner.block_pool
+        self.single_type_managers = tuple(
+            SingleTypeManagerView(owner, spec, g) for g, spec in enumerate(kv_cache_specs)
+        )
+        self.block_size = owner.block_size
+        self.eagle_group_ids: set[int] = set()
+        self.retention_interval = owner.kv_cache_config.prefix_cache_retention_interval
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks,
+        num_encoder_tokens: int = 0,
+        total_computed_tokens: int = 0,
+        num_local_computed_tokens: int = 0,
+        num_tokens_main_model: int = 0,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """Blocks a request needs for ``num_tokens`` slots, summed over the groups."""
+        return self._owner.num_blocks_to_allocate(
+            request_id, num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap
+        )
+
+    def get_blocks(self, request_id: str) -> tuple[list[KVNumbaBlock], ...]:
+        """The request's blocks, one list per group."""
+        return self._owner.get_blocks(request_id).blocks

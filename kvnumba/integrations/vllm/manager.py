@@ -29,7 +29,7 @@ from kvnumba.integrations.vllm import _events
 from kvnumba.integrations.vllm._maintenance import CacheMaintenance
 from kvnumba.integrations.vllm._unserved import UnservedFeatureSteps
 from kvnumba.integrations.vllm._views import BlockPoolView, CoordinatorView
-from kvnumba.integrations.vllm.support import manager_fallback_reason
+from kvnumba.integrations.vllm.support import manager_fallback_reason, uses_groups_manager
 from kvnumba.integrations.vllm_compile import load_engine_kernels
 from kvnumba.kernels import ENGINE_POLICY, compile_all
 from kvnumba.state import BlockFlag, Meta, slot_mask
@@ -174,6 +174,11 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         )
         if reason is not None:
             raise ValueError(f"kvnumba's vLLM manager does not serve this model: {reason}")
+        if uses_groups_manager(kv_cache_config):
+            raise ValueError(
+                "KVNumbaKVCacheManager serves one full-attention group; "
+                "KVNumbaGroupsKVCacheManager serves windowed and several groups"
+            )
         if watermark < 0.0:
             raise ValueError("watermark must be non-negative")
         spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
@@ -283,8 +288,8 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             return self.empty_kv_cache_blocks
         return KVCacheBlocks((self._block_arr[block_ids].tolist(),))
 
-    def blocks_of(self, request_id: str) -> list:
-        """Block stand-ins of a held request: its block list (``req_to_blocks``)."""
+    def blocks_of(self, request_id: str, group: int = 0) -> list:
+        """Block stand-ins of a held request: its block list (``req_to_blocks``; one group)."""
         return self.held[request_id].blocks
 
     def _num_free(self) -> int:

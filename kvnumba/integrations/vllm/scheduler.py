@@ -24,8 +24,13 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from kvnumba.integrations.vllm.groups import KVNumbaGroupsKVCacheManager
 from kvnumba.integrations.vllm.manager import KVNumbaKVCacheManager
-from kvnumba.integrations.vllm.support import manager_fallback_reason, scheduler_fallback_reason
+from kvnumba.integrations.vllm.support import (
+    manager_fallback_reason,
+    scheduler_fallback_reason,
+    uses_groups_manager,
+)
 
 logger = init_logger(__name__)
 
@@ -95,7 +100,14 @@ class SwitchingKVCacheManager(_VLLM_KV_CACHE_MANAGER):
             fallback_reasons[reason] += 1
             return super().__new__(cls)
         built["kvnumba"] += 1
-        return KVNumbaKVCacheManager(kv_cache_config, *args, **kwargs, max_seqs=_switch.max_seqs)
+        cls = KVNumbaGroupsKVCacheManager
+        if not uses_groups_manager(kv_cache_config):
+            cls = KVNumbaKVCacheManager
+        manager = cls(kv_cache_config, *args, **kwargs, max_seqs=_switch.max_seqs)
+        # Numbered and kept (weakly), so that a test harness checks the managers a test built.
+        manager.serial = built["kvnumba"]
+        live_managers.add(manager)
+        return manager
 
 
 _ARGS = ("max_model_len", "scheduler_block_size", "hash_block_size")
@@ -113,6 +125,8 @@ def _manager_reason(kv_cache_config, args, kwargs) -> str | None:
         dcp_world_size=named.get("dcp_world_size", 1),
         pcp_world_size=named.get("pcp_world_size", 1),
         metrics_collector=named.get("metrics_collector"),
+        use_eagle=named.get("use_eagle", False),
+        num_prefill_lookahead=named.get("num_prefill_lookahead", 0),
     )
 
 
