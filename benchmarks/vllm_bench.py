@@ -571,13 +571,28 @@ class Engine:
         self.SamplingParams = SamplingParams
 
     def kv_cache_config(self):
-        """A fresh one-group ``KVCacheConfig`` of ``--num-blocks`` blocks."""
-        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+        """A fresh ``KVCacheConfig`` of ``--num-blocks`` blocks: one full-attention group, and
+        with ``--sliding-window W`` a sliding-window group beside it (a hybrid model, under
+        vLLM's default retention interval 0)."""
+        import torch
+        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 
+        groups = [KVCacheGroupSpec(["layer"], self.kv_spec)]
+        window = self.args.sliding_window
+        if window:
+            spec = SlidingWindowSpec(
+                block_size=self.args.block_size,
+                num_kv_heads=1,
+                head_size=1,
+                dtype=torch.float32,
+                sliding_window=window,
+            )
+            groups.append(KVCacheGroupSpec(["local"], spec))
         return KVCacheConfig(
             num_blocks=self.args.num_blocks,
             kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["layer"], self.kv_spec)],
+            kv_cache_groups=groups,
+            prefix_cache_retention_interval=0 if window else None,
         )
 
     def scheduler(self, cls):
@@ -1323,6 +1338,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     e.add_argument("--max-num-batched-tokens", type=int, default=8192)
     e.add_argument("--max-model-len", type=int, default=32768)
     e.add_argument("--no-prefix-caching", action="store_true")
+    e.add_argument(
+        "--sliding-window",
+        type=int,
+        default=None,
+        metavar="W",
+        help="a hybrid model: a sliding-window group of W tokens beside the full-attention one "
+        "(kvnumba's KVNumbaGroupsKVCacheManager)",
+    )
     e.add_argument(
         "--async-scheduling",
         action="store_true",

@@ -316,6 +316,8 @@ TEST_FILES=(
     tests/v1/core/test_scheduler_e2e.py
     tests/v1/core/test_swa_inflight_window_free.py
     tests/v1/core/test_worker_slot_overflow.py
+    tests/v1/core/test_kv_cache_utils.py
+    tests/v1/core/test_single_type_kv_cache_manager.py
 )
 
 run_tests() {
@@ -377,7 +379,8 @@ compare_tests() {
     local adapter_rc=0
     log "adapter vs vLLM's manager (log: $out/adapter.log)"
     (cd "$ROOT" && python -m pytest --noconftest -p no:cacheprovider -q \
-        tests/test_vllm_adapter.py) >"$out/adapter.log" 2>&1 || adapter_rc=$?
+        tests/test_vllm_adapter.py tests/test_vllm_groups_adapter.py) >"$out/adapter.log" 2>&1 \
+        || adapter_rc=$?
     tail -1 "$out/adapter.log" >&2
     log "native run (log: $out/native.log)"
     (cd "$SRC" && python -m pytest -p no:cacheprovider -p vllm_select -q -rf \
@@ -416,7 +419,7 @@ run) shift $(($# > 0 ? 1 : 0)); run_tests "$@" ;;
 env)
     test_env
     for v in VLLM_TARGET_DEVICE HF_HUB_OFFLINE TRANSFORMERS_OFFLINE HF_HOME PYTHONPATH \
-        VIRTUAL_ENV PATH; do printf 'export %s=%q\n' "$v" "${!v}"; done
+        VIRTUAL_ENV PATH; do printf 'export %s=%q\n' "$v" "${!v-}"; done
     printf 'cd %q  # run pytest from the source archive root\n' "$SRC"
     printf '# run appends scripts/ to PYTHONPATH and uses -p vllm_select with KVNUMBA_VLLM_DESELECT=%q\n' \
         "$LISTS/not_applicable.txt"
