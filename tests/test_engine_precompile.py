@@ -99,7 +99,7 @@ def test_compile_command_engine_only_and_its_options():
         [*run, "--engine", "--policies"], env=env, capture_output=True, text=True
     )
     names = [line.split()[0] for line in policies.stdout.splitlines()[:-1]]
-    assert names == [*kernels.ENGINE, *kernels.ENGINE_POLICY]
+    assert names == [*kernels.ENGINE, *kernels.ENGINE_GROUPED]
 
 
 def test_a_cold_manager_compiles_one_group_itself_and_the_other_in_a_child(tmp_path):
