@@ -49,12 +49,11 @@ from kvnumba.integrations.vllm import _events
 from kvnumba.integrations.vllm._maintenance import CacheMaintenance
 from kvnumba.integrations.vllm._unserved import UnservedFeatureSteps
 from kvnumba.integrations.vllm._views import BlockPoolView, GroupsCoordinatorView
+from kvnumba.integrations.vllm.manager import EVICTION_ENV
 from kvnumba.integrations.vllm.support import manager_fallback_reason
 from kvnumba.kernels import ENGINE_GROUPED, compile_all
 from kvnumba.state import BlockFlag, Meta, slot_mask
 from kvnumba.windows import KVCacheGroup
-
-EVICTION_ENV = "KVNUMBA_EVICTION"
 
 logger = init_logger(__name__)
 
