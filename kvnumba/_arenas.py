@@ -253,6 +253,7 @@ def validated_geometry(
     attention_chunk_size=None,
     kv_cache_groups=None,
     window_release="append",
+    cache_duplicates=False,
 ) -> Geometry:
     """The validated :class:`Geometry` of a new manager.
 
@@ -287,6 +288,7 @@ def validated_geometry(
         switch(block_keys, "block_keys"),
         switch(block_events, "block_events"),
     )
+    cache_duplicates = switch(cache_duplicates, "cache_duplicates")
     if not 0 <= hash_bits <= 64:
         raise bad("_hash_bits must be in [0, 64]")
     groups = (window_geometry(sliding_window, attention_chunk_size, block_size),)
@@ -311,6 +313,7 @@ def validated_geometry(
         eviction=eviction,
         groups=groups,
         explicit_release=window_release == "explicit",
+        cache_duplicates=cache_duplicates,
     )
 
 

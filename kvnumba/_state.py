@@ -86,6 +86,9 @@ M_GROUP_CHUNK = M_GROUP_WINDOW + MAX_GROUPS
 # 1: ``window_release="explicit"``: appends release no out-of-window block, the engine calls
 # ``release_window`` with the lengths it has processed.
 M_EXPLICIT_RELEASE = M_GROUP_CHUNK + MAX_GROUPS
+# 1: ``cache_duplicates``: a full block whose key is registered already is registered too (after
+# the first, which lookups find while it stays), so it is cached when released, as vLLM does.
+M_CACHE_DUPLICATES = M_EXPLICIT_RELEASE + 1
 
 # --- columns of the eviction policies' per-block fields (``pol_words``, ``pol_links``) ------------
 W_VALUE = 0  # lfu, sieve: hits since registration; oracle: the next use (-1: never)
@@ -101,7 +104,7 @@ L_KID = 5  # first listed cached child, or -1
 L_SIB_PREV = 6  # back link among a parent's cached children
 L_SIB_NEXT = 7  # forward link among them
 POL_LINKS = 8
-META_SIZE = M_EXPLICIT_RELEASE + 1
+META_SIZE = M_CACHE_DUPLICATES + 1
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
 S_LOG_N = 0  # undo-log entries written in this call
@@ -367,6 +370,8 @@ class Geometry(NamedTuple):
         (``kvnumba.windows``); 0 = unset. One group but for ``kv_cache_groups``.
     explicit_release : bool
         ``window_release="explicit"``: only ``release_window`` releases out-of-window blocks.
+    cache_duplicates : bool
+        Register a full block even when an equal block is registered (``cache_duplicates``).
     """
 
     num_blocks: int
@@ -383,6 +388,7 @@ class Geometry(NamedTuple):
     eviction: int = 0
     groups: tuple = ((0, 0),)
     explicit_release: bool = False
+    cache_duplicates: bool = False
 
     @property
     def windowed(self) -> bool:
@@ -516,6 +522,7 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
         meta[M_GROUP_CHUNK + i] = chunk
     meta[M_WINDOWS] = 1 if len(g.groups) > 1 or any(map(any, g.groups)) else 0
     meta[M_EXPLICIT_RELEASE] = 1 if g.explicit_release else 0
+    meta[M_CACHE_DUPLICATES] = 1 if g.cache_duplicates else 0
     if g.eviction:
         for column in (L_POS, L_PARENT, L_KID, L_SIB_PREV, L_SIB_NEXT):
             state.pol_links[:, column] = NIL

@@ -123,6 +123,11 @@ class BlockManager:
     window_release : {"append", "explicit"}, default "append"
         Who releases the blocks that leave a window: every ``append`` (for the sequences it
         grows), or only :meth:`release_window`, with the lengths the engine has processed.
+    cache_duplicates : bool, default False
+        Register a full block even when an equal block (same key) is registered already, as
+        vLLM does: the copy is cached when released, evicted like any cached block (with its
+        removed event), and found by lookups once every copy registered before it is gone.
+        By default only the first is registered and a copy is freed when released.
 
     Notes
     -----
@@ -150,6 +155,7 @@ class BlockManager:
         attention_chunk_size: int | None = None,
         kv_cache_groups=None,
         window_release: str = "append",
+        cache_duplicates: bool = False,
         _hash_bits: int = 64,
         _hindsight: bool = False,
     ):
@@ -160,6 +166,7 @@ class BlockManager:
         switches["attention_chunk_size"] = attention_chunk_size
         switches["kv_cache_groups"] = kv_cache_groups
         switches["window_release"] = window_release
+        switches["cache_duplicates"] = cache_duplicates
         pages = (page_pool, blocks_per_page)
         sizes = (num_blocks, block_size, max_seqs, max_seq_len, reserved_blocks, _hash_bits)
         geometry = validated_geometry(*sizes, *pages, **switches)

@@ -12,6 +12,7 @@ import pytest
 from kvnumba import BlockManager, InvariantViolation
 from kvnumba._state import M_CACHED, M_FREE_TOP, M_LIVE_SEQS, M_REGISTERED, M_SLOT_TOP, M_USED
 from kvnumba.ids import split_id
+from kvnumba.state import BlockFlag
 
 
 def busy_manager():
@@ -109,4 +110,30 @@ def test_check_names_the_corruption(name):
     corrupt, words = CORRUPTIONS[name]
     corrupt(mgr, a)
     with pytest.raises(InvariantViolation, match=words):
+        mgr.check()
+
+
+@pytest.mark.parametrize("cache_duplicates", [False, True])
+def test_check_names_a_registered_copy_without_cache_duplicates(cache_duplicates):
+    # Two sequences fill equal first blocks: the second is a copy (registered too only with
+    # cache_duplicates). Registering the copy by hand is a corruption only without it.
+    mgr = BlockManager(8, 4, max_seqs=4, cache_duplicates=cache_duplicates)
+    a, b = mgr.new_sequences(2)
+    mgr.append([a, b], [4, 4], np.concatenate([np.arange(4), np.arange(4)]))
+    s = mgr._arenas.s
+    first, copy = (int(s.seq_table[split_id(x, 4)[2], 0]) for x in (a, b))
+    assert mgr.state.block_hash[first] == mgr.state.block_hash[copy]
+    flags = s.block_flags
+    assert bool(flags[copy] & BlockFlag.REGISTERED) == cache_duplicates
+    if not cache_duplicates:
+        mask = s.htab.shape[0] - 1
+        i = int(s.block_hash[copy]) & mask
+        while s.htab[i] != -1:
+            i = (i + 1) & mask
+        s.htab[i] = copy
+        flags[copy] |= BlockFlag.REGISTERED
+        s.meta[M_REGISTERED] += 1
+        with pytest.raises(InvariantViolation, match=f"block {copy} is registered with the key"):
+            mgr.check()
+    else:
         mgr.check()

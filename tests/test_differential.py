@@ -139,6 +139,8 @@ def random_geometries(rng, paged: bool):
             max_seq_len=int(rng.integers(2, 7)) * block_size + int(rng.integers(0, 3)),
             prefix_caching=bool(rng.random() < 0.85),
             eviction=str(rng.choice(SIMULATOR_POLICIES)),
+            # A full block equal to a registered one is registered too, as vLLM does.
+            cache_duplicates=bool(rng.random() < 0.3),
         )
         kwargs["_hindsight"] = kwargs["eviction"] in HINDSIGHT_POLICIES
         kwargs.update(random_window(rng, block_size))
@@ -166,6 +168,7 @@ class Differential:
         self.live = [[] for _ in geometries]
         self.released = [[] for _ in geometries]  # a few released pairs, for stale-id calls
         self.counts = collections.Counter()
+        self.twins = [set() for _ in geometries]  # per manager: the reference's twin blocks
 
     # ------------------------------------------------------------------------------ drawing
     def pick(self, who, most=3):
@@ -366,6 +369,12 @@ class Differential:
             ref.check()
             assert kv.stats() == ref.stats(), f"manager {who}: stats differ"
             assert lru_order(kv) == ref.lru_blocks(), f"manager {who}: LRU order differs"
+            # Duplicates (cache_duplicates): a copy registered beside the first block of its
+            # key, and a copy that took the first's place when that left (what lookups find).
+            twins = {b for copies in ref._twins.values() for b in copies}
+            self.counts["duplicate registered"] += len(twins) > 0
+            self.counts["duplicate promoted"] += len(self.twins[who] & set(ref._prefix.values()))
+            self.twins[who] = twins
             live = self.live[who]
             if live:
                 kv_ids, ref_ids = [k for k, _ in live], [r for _, r in live]
@@ -440,6 +449,8 @@ def test_differential_against_the_reference(capsys):
         "admit hit across a window",
         "admit hit in several KV cache groups",
         "release_window released blocks",
+        "duplicate registered",
+        "duplicate promoted",
         "sibling reclaim",
         "evict callback",
         "map callback",

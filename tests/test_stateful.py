@@ -95,6 +95,7 @@ class KernelsVersusReference(RuleBasedStateMachine):
             prefix_caching=prefix_caching,
             reserved_blocks=reserved_blocks,
             eviction=eviction,
+            cache_duplicates=data.draw(st.booleans(), label="cache_duplicates"),
             **data.draw(windows(block_size)),
         )
         self.kv = kvnumba.BlockManager(num_blocks, block_size, on_evict=self.evicted_kv, **geometry)
@@ -431,6 +432,7 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
             block_events=True,
             _hash_bits=hash_bits,
             eviction=flags["eviction"],
+            cache_duplicates=data.draw(st.booleans(), label="cache_duplicates"),
             **data.draw(windows(block_size)),
         )
 

@@ -48,6 +48,7 @@ from kvnumba._state import (
     F_REGISTERED,
     FIELD,
     M_ALLOCATIONS,
+    M_CACHE_DUPLICATES,
     M_EVICTIONS,
     M_FREE_TOP,
     M_HASH_BITS,
@@ -194,7 +195,8 @@ def drop_ref(v, b):
 
 @inlined
 def register_full_block(v, b, parent_block, salt, slot):
-    """Hash a block that just became full and register it unless an equal block is registered.
+    """Hash a block that just became full and register it unless an equal block is registered
+    (with ``cache_duplicates``, register it anyway, after the equal ones).
 
     ``parent_block`` is the previous block of sequence slot ``slot`` (NIL for the first block,
     ``NULL_BLOCK`` when it left a window: the sequence's anchor holds its hash). A block whose
@@ -221,7 +223,7 @@ def register_full_block(v, b, parent_block, salt, slot):
     v.block_hash[b] = h
     set_logged(v, v.block_salt, FIELD.block_salt, b, salt)
     new_flags = flags[b] | F_HASHED
-    if table_find(v, h, salt, v.tokens[b]) < 0:
+    if v.meta[M_CACHE_DUPLICATES] != 0 or table_find(v, h, salt, v.tokens[b]) < 0:
         new_flags |= F_REGISTERED
         table_insert(v, b, h)
         note_event(v, EVENT_STORED, b)

@@ -25,6 +25,7 @@ from kvnumba._state import (
     FIELD,
     H_DIM0,
     M_BUCKET_MIN,
+    M_CACHE_DUPLICATES,
     M_CACHED,
     M_CLIENT,
     M_CO_COUNT,
@@ -81,6 +82,7 @@ C_CACHE_ONLY = 28
 C_CACHE_ONLY_COUNT = 29
 C_RESERVED = 30
 C_WINDOW = 31
+C_TABLE_TWIN = 32
 
 MESSAGES = {
     C_BAD_LENGTH: "sequence slot {a}: length {b} is negative or beyond max_seq_len",
@@ -118,8 +120,27 @@ MESSAGES = {
     C_RESERVED: "reserved block {a} is referenced, flagged, listed or has a payload",
     C_WINDOW: "sequence slot {a}: {b} leading table entries left the window, more than its "
     "length allows (or a full-attention manager released some)",
+    C_TABLE_TWIN: "prefix table: block {a} is registered with the key of block {b}, registered "
+    "before it, without cache_duplicates",
     **POLICY_MESSAGES,
 }
+
+
+@out_of_line
+def _same_entry(st, a, b, keyed):
+    """Whether registered blocks ``a`` and ``b`` have the same key as a lookup tells keys apart:
+    hash, salt and the engine's key words (keyed) or the tokens (token mode)."""
+    if a < 0 or st.block_hash[a] != st.block_hash[b] or st.block_salt[a] != st.block_salt[b]:
+        return False
+    if keyed:
+        for w in range(4):
+            if st.block_key[a, w] != st.block_key[b, w]:
+                return False
+        return True
+    for j in range(st.tokens.shape[1]):
+        if st.tokens[a, j] != st.tokens[b, j]:
+            return False
+    return True
 
 
 @out_of_line
@@ -405,7 +426,9 @@ def check_state(arena, scratch, pool, counts, seen, marks):
     code, a, c = policy_check(st, seen)
     if code != 0:
         return code, a, c
-    # Prefix table: every entry a registered block reachable from its home slot, each once.
+    # Prefix table: every entry a registered block reachable from its home slot, each once;
+    # without cache_duplicates, no entry on its probe path holds the same key.
+    single = meta[M_CACHE_DUPLICATES] == 0
     mask = htab.shape[0] - 1
     occurrences = counts
     occurrences[:] = 0
@@ -422,6 +445,8 @@ def check_state(arena, scratch, pool, counts, seen, marks):
         while j != i:
             if htab[j] == EMPTY:
                 return C_TABLE_UNREACHABLE, e, 0
+            if single and _same_entry(st, htab[j], e, keyed):
+                return C_TABLE_TWIN, e, htab[j]
             j = (j + 1) & mask
     for b in range(num_blocks):
         expected = 1 if block_flags[b] & F_REGISTERED else 0

@@ -26,6 +26,7 @@ from kvnumba._state import (
     F_KNOWN,
     F_REGISTERED,
     FIELD,
+    M_CACHE_DUPLICATES,
     M_HASH_BITS,
     M_KEYED,
     M_PREFIX_CACHING,
@@ -146,8 +147,12 @@ def register_key(v, slot, pos, keys, row, salt):
     set_logged(v, v.block_salt, FIELD.block_salt, b, salt)
     new_flags = flags[b] | F_HASHED
     # One registered block per key and salt (what an engine's key means), whatever the tokens:
-    # a block whose key is registered keeps the key, unregistered.
-    if table_find_key(v, h, salt, keys, row, v.tokens[b], False) < 0:
+    # a block whose key is registered keeps the key, unregistered (``cache_duplicates``: it is
+    # registered after the first, which lookups find while it stays).
+    if (
+        v.meta[M_CACHE_DUPLICATES] != 0
+        or table_find_key(v, h, salt, keys, row, v.tokens[b], False) < 0
+    ):
         new_flags |= F_REGISTERED
         table_insert(v, b, h)
     set_logged(v, flags, FIELD.block_flags, b, new_flags)

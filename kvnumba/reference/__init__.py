@@ -23,6 +23,8 @@ Model state (``N = num_blocks``):
   block with known content and hashed parent, and its 64-bit hash; ``None`` otherwise. With
   ``block_keys=True`` the engine's key ``(salt, w0, w1, w2, w3)`` and its word 0 instead.
 * ``_prefix``: key -> the registered block with that key (the first block that filled with it).
+* ``_twins``: key -> the later blocks registered with it, oldest first (``cache_duplicates``);
+  when the block in ``_prefix`` leaves, the oldest twin takes its place.
 * ``_events``: undrained block events ``(kind, block, key words)`` (``block_events=True``).
 * ``_lru``: registered blocks at refcount 0, least recently released first (for every
   eviction policy).

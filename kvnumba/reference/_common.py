@@ -24,6 +24,7 @@ _STATE = (
     "_key",
     "_hash",
     "_prefix",
+    "_twins",  # tuples, replaced rather than mutated, so a shallow copy is a snapshot
     "_lru",
     "_free",
     "_gen",

@@ -28,7 +28,39 @@ class BlocksMixin:
 
     def _is_registered(self, block: int) -> bool:
         key = self._key[block]
-        return key is not None and self._prefix.get(key) == block
+        return key is not None and (
+            self._prefix.get(key) == block or block in self._twins.get(key, ())
+        )
+
+    def _register(self, block: int) -> bool:
+        """Register ``block`` under its key unless the key is registered (with
+        ``cache_duplicates``, after the blocks registered with it); whether it was."""
+        key = self._key[block]
+        if key not in self._prefix:
+            self._prefix[key] = block
+        elif self._cache_duplicates:
+            self._twins[key] = (*self._twins.get(key, ()), block)
+        else:
+            return False
+        return True
+
+    def _unregister(self, block: int) -> None:
+        """Take registered ``block`` out of the prefix table; the oldest twin takes its place."""
+        key = self._key[block]
+        twins = self._twins.pop(key, ())
+        if self._prefix[key] == block:
+            if twins:
+                self._prefix[key], twins = twins[0], twins[1:]
+            else:
+                del self._prefix[key]
+        else:
+            twins = tuple(t for t in twins if t != block)
+        if twins:
+            self._twins[key] = twins
+
+    def _registered_count(self) -> int:
+        """Blocks registered in the prefix table."""
+        return len(self._prefix) + sum(map(len, self._twins.values()))
 
     def _scrub(self, block: int) -> None:
         """Forget a block's content: fresh -1 payload row, no hash."""
@@ -52,7 +84,7 @@ class BlocksMixin:
         """Forget cached ``block``: off the LRU list and the prefix table, recorded, counted."""
         self._uncache(block)
         self._event(BlockEvents.REMOVED, block)
-        del self._prefix[self._key[block]]
+        self._unregister(block)
         self._policy.unregistered(block)
         self._evicted.append((block, self._hash[block], list(self._tokens[block])))
         self._counters["evictions"] += 1

@@ -111,9 +111,15 @@ class ChecksMixin:
                 continue
             if tuple(self._tokens[block]) != key[2] or self._hash[block] != _hash64(key):
                 fail(f"block {block}: payload or hash does not match its key")
-        for key, block in self._prefix.items():
+        entries = [(key, block) for key, block in self._prefix.items()]
+        entries += [(key, block) for key, twins in self._twins.items() for block in twins]
+        for key, block in entries:
             if self._key[block] != key or not (self._ref[block] or block in self._lru):
                 fail(f"prefix entry of block {block} is stale")
+        if len({block for _, block in entries}) != len(entries):
+            fail("a block is registered twice")
+        if any(key not in self._prefix or not twins for key, twins in self._twins.items()):
+            fail("a twin outlives the first block of its key, or an empty twin list")
         c = self._counters
         if min(c.values()) < 0 or c["prefix_hits"] > c["prefix_queries"]:
             fail(f"inconsistent counters {c}")

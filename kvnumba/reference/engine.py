@@ -134,7 +134,7 @@ class EngineMixin:
         """Forget ``block``'s key (and its registration, if it is the registered one)."""
         if self._is_registered(block):
             self._event(BlockEvents.REMOVED, block)
-            del self._prefix[self._key[block]]
+            self._unregister(block)
             self._policy.unregistered(block)
         self._key[block] = None
         self._hash[block] = None

@@ -237,8 +237,7 @@ class KeysMixin:
         """
         self._key[block] = key
         self._hash[block] = key[1]
-        if key not in self._prefix:  # the first block with this key stays registered
-            self._prefix[key] = block
+        if self._register(block):  # else the first block with this key stays registered
             self._event(BlockEvents.STORED, block)
             parent = prev if prev >= 0 and self._is_registered(prev) else ROOT
             self._policy.registered(block, parent)
@@ -380,11 +379,11 @@ class KeysMixin:
                 work.append((block, key, self._table[slot][j - 1] if j else -1))
         if not self._prefix_caching:
             return 0  # nothing is ever registered: the keys were validated and are dropped
-        registered = len(self._prefix)
+        registered = self._registered_count()
         for block, key, prev in work:
             if self._key[block] is None:  # an equal key given before (or in this call): skip
                 self._set_key(block, key, prev)
-        return len(self._prefix) - registered
+        return self._registered_count() - registered
 
     # ------------------------------------------------------------------ check
 

@@ -135,6 +135,7 @@ class ReferenceBlockManager(
         attention_chunk_size: int | None = None,
         kv_cache_groups=None,
         window_release: str = "append",
+        cache_duplicates: bool = False,
         _hash_bits: int = 64,
         _hindsight: bool = False,
     ):
@@ -206,6 +207,9 @@ class ReferenceBlockManager(
         self._key: list[tuple | None] = [None] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         self._prefix: dict[tuple, int] = {}
+        self._twins: dict[tuple, tuple[int, ...]] = {}
+        # Register a full block even when its key is registered (after the first).
+        self._cache_duplicates = bool(cache_duplicates)
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._policy = make_policy(eviction, num_blocks)  # picks the victims among _lru
         # Pops reserved_blocks, reserved_blocks + 1, ...; reserved blocks are never listed.

@@ -35,8 +35,7 @@ class PrefixMixin:
         key = (prev, self._salt[slot], tuple(row))
         self._key[block] = key
         self._hash[block] = _hash64(key)
-        if key not in self._prefix:  # the first block with this key stays registered
-            self._prefix[key] = block
+        if self._register(block):  # else the first block with this key stays registered
             self._event(BlockEvents.STORED, block)
             self._policy.registered(block, self._content_parent(table, index))
 
@@ -54,13 +53,15 @@ class PrefixMixin:
     def _content_parent(self, table: list[int], index: int) -> int:
         """Parent in the prefix forest of block ``index`` of ``table``, registered by content.
 
-        The registered block holding the previous block's key (the previous block itself when
-        it is the registered one, else the copy registered before it); ``ROOT`` at position 0
-        and after a window's gap (the sequence holds no block there to link under),
-        ``ORPHAN_AT_BIRTH`` when no block is registered with that key.
+        The previous block itself when it is registered, else the block registered with its
+        key (the copy registered before it); ``ROOT`` at position 0 and after a window's gap
+        (the sequence holds no block there to link under), ``ORPHAN_AT_BIRTH`` when no block is
+        registered with that key.
         """
         if index == 0 or table[index - 1] == NULL_BLOCK:
             return ROOT
+        if self._is_registered(table[index - 1]):
+            return table[index - 1]
         return self._prefix.get(self._key[table[index - 1]], ORPHAN_AT_BIRTH)
 
     def _lookup_prefix(self, prompt: list[int], salt: int) -> list[int]:
