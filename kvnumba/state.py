@@ -10,18 +10,31 @@ instead of private constants:
 - :data:`NIL`: "no block" in links, list ends and block tables;
 - :data:`NULL_BLOCK`: a table entry whose block left a windowed sequence's window;
 - :func:`seq_slot`: the row of ``state.seq_table`` (and of the other per-sequence fields) that
-  holds a sequence.
+  holds a sequence;
+- :func:`registered_blocks`: the registered blocks, those of one key in the order lookups try
+  them (``cache_duplicates``).
 
 Reading is safe between calls; the arrays change only inside a manager's calls.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from kvnumba import _state
 from kvnumba._state import NIL, NULL_BLOCK, State
 from kvnumba.ids import slot_bits, split_id
 
-__all__ = ["NIL", "NULL_BLOCK", "BlockFlag", "Meta", "State", "seq_slot", "slot_mask"]
+__all__ = [
+    "NIL",
+    "NULL_BLOCK",
+    "BlockFlag",
+    "Meta",
+    "State",
+    "registered_blocks",
+    "seq_slot",
+    "slot_mask",
+]
 
 
 class Meta:
@@ -52,7 +65,8 @@ class BlockFlag:
     #: The block is full and has its chained hash or engine key (``state.block_hash``,
     #: ``state.block_key``).
     HASHED = _state.F_HASHED
-    #: The block is the prefix cache's entry for its hash or key (a lookup can hit it).
+    #: The block is registered in the prefix cache under its hash or key: a lookup can hit it
+    #: (with ``cache_duplicates``, once the blocks registered before it with that key are gone).
     REGISTERED = _state.F_REGISTERED
 
 
@@ -72,3 +86,31 @@ def seq_slot(seq_id: int, max_seqs: int) -> int:
     The id is not validated: check ``mgr.is_live(seq_id)`` first where it may be stale.
     """
     return split_id(seq_id, max_seqs)[2]
+
+
+def registered_blocks(state: State) -> np.ndarray:
+    """Every registered block, those registered with one key in the order lookups try them.
+
+    With ``cache_duplicates`` several blocks can be registered with one key; a lookup finds
+    the one registered first, and the next when that one leaves. Blocks of different keys
+    come in no particular order.
+
+    Parameters
+    ----------
+    state : State
+        ``mgr.state``.
+
+    Returns
+    -------
+    numpy.ndarray of int64
+        Block ids, each registered block once.
+    """
+    htab = np.asarray(state.htab)
+    slots = np.flatnonzero(htab >= 0)
+    blocks = htab[slots].astype(np.int64)
+    mask = htab.shape[0] - 1
+    # Blocks of one key share a home slot and sit in the order they were registered along the
+    # probe path from it (backward-shift deletion keeps that order): sort by probe distance.
+    home = (np.asarray(state.block_hash)[blocks] & np.uint64(mask)).astype(np.int64)
+    distance = (slots - home) & mask
+    return blocks[np.argsort(distance, kind="stable")]

@@ -18,10 +18,9 @@ layer (two KV cache groups over one pool; kvnumba's ``KVNumbaGroupsKVCacheManage
 Each run records every output token id, every request's ``num_cached_tokens``, the KV event
 stream exactly as the scheduler hands it to its publisher (with the step it was published at),
 the preemptions (``Scheduler._preempt_request`` calls) and the time spent in ``schedule()`` and
-``update_from_output()``. The two runs must agree on all of it, the events up to the first
-duplicate block (a block computed again while its content is cached: vLLM caches both copies,
-kvnumba one, so later evictions may come at other steps; hybrid models make them often, see
-docs/vllm.md); one summary line goes to stdout,
+``update_from_output()``. The two runs must agree on all of it, blocks computed again while
+their content is cached included (both managers cache such a copy beside the first; hybrid
+models make them often); one summary line goes to stdout,
 diagnostics to stderr, and the exit status is non-zero on any mismatch, on degenerate outputs, on
 no preemption or no event, or if kvnumba's manager was not the one used.
 """
@@ -181,8 +180,7 @@ def workload(quick: bool, repeat: bool = False) -> list[dict]:
         Fewer and shorter requests.
     repeat : bool
         Add two phases sending the same requests with outputs long enough to fill blocks: the
-        second pass's decode blocks duplicate cached blocks, where the two managers differ by
-        design.
+        second pass's decode blocks are copies of cached blocks (cached beside them).
 
     Returns
     -------
@@ -200,7 +198,7 @@ def workload(quick: bool, repeat: bool = False) -> list[dict]:
     system = tokens(3 * BLOCK_SIZE)  # a system prompt of three full blocks
     # Suffixes of 0-2 full blocks and 5-19 more tokens: with 8 output tokens no block fills
     # during decode, so the second pass hits every full prompt block and computes no block
-    # whose hash is cached already (a duplicate, which kvnumba does not cache; see --repeat).
+    # whose hash is cached already (--repeat adds such copies).
     shared = [system + tokens(BLOCK_SIZE * (i % 3) + 5 + 2 * i) for i in range(n_shared)]
     heads = [tokens(2 * BLOCK_SIZE), tokens(2 * BLOCK_SIZE)]
     crowd = [heads[i % 2] + tokens(90 + 7 * i) for i in range(n_preempt)]
@@ -466,39 +464,26 @@ def first_difference(a, b, path: str = "") -> str | None:
     return None if a == b else f"{path}: {a!r} != {b!r}"
 
 
-def is_duplicate_store(flat: list, upto: int, event: dict) -> bool:
-    """Whether ``event`` stores only hashes live in ``flat[:upto]`` (stored, not removed)."""
-    if event["type"] != "BlockStored":
-        return False
-    live = collections.Counter()
-    for _, e in flat[:upto]:
-        if e["type"] == "AllBlocksCleared":
-            live.clear()
-        for h in e.get("block_hashes", ()):
-            live[h] += 1 if e["type"] == "BlockStored" else -1
-    return all(live[h] > 0 for h in event["block_hashes"])
+def copies_stored(flat: list) -> int:
+    """``BlockStored`` events that store a hash its group holds cached already.
 
-
-def first_duplicate_store(flat: list) -> int | None:
-    """Index of the first ``BlockStored`` that stores a hash its group holds cached already.
-
-    vLLM caches such a duplicate block beside the first one; kvnumba registers one block per
-    key and frees the duplicate when it is released (docs/vllm.md), so from the first
-    duplicate on the two managers may evict different blocks at different steps.
+    A block computed again while its content is cached (a copy): vLLM caches it beside the
+    first one, and so does kvnumba's adapter (``cache_duplicates``); the count shows the
+    workload reaches that path.
     """
     live: collections.Counter = collections.Counter()
-    for i, (_, e) in enumerate(flat):
+    copies = 0
+    for _, e in flat:
         if e["type"] == "AllBlocksCleared":
             live.clear()
             continue
         keys = [(e.get("group_idx"), h) for h in e.get("block_hashes", ())]
         if e["type"] == "BlockStored":
-            if any(live[k] > 0 for k in keys):
-                return i
+            copies += sum(live[k] > 0 for k in keys)
             live.update(keys)
         else:
             live.subtract(keys)
-    return None
+    return copies
 
 
 def compare(a: dict, b: dict, problems: list[str]) -> dict:
@@ -515,8 +500,7 @@ def compare(a: dict, b: dict, problems: list[str]) -> dict:
     -------
     dict
         ``outputs`` and ``cached`` (identical, total), ``events`` (identical, total events of
-        each run), ``duplicate`` (the index of the first run's first duplicate store when the
-        streams part after it, else None), ``preemptions`` per run.
+        each run), ``copies`` (blocks the first run stored while their hash was cached).
     """
     n = same_out = same_cached = 0
     for pa, pb in zip(a["phases"], b["phases"], strict=True):
@@ -543,44 +527,24 @@ def compare(a: dict, b: dict, problems: list[str]) -> dict:
     flat_a = [(step, e) for step, events in ea for e in events]
     flat_b = [(step, e) for step, events in eb for e in events]
     same_events = 0
-    dup = first_duplicate_store(flat_a)
-    parted_after_duplicate = None
     for x, y in zip(flat_a, flat_b, strict=False):
-        if x != y and dup is not None and dup < same_events:
-            # The designed difference: both streams stored the duplicate alike, and part
-            # later where one manager evicts a block the other still has free.
-            parted_after_duplicate = dup
-            break
         if x != y:
-            notes = [
-                f"\n  ({label}'s event stores only hashes it has stored and not removed: a "
-                "duplicate block, which vLLM caches and kvnumba does not, by design)"
-                for label, flat, (_, event) in (("first run", flat_a, x), ("second run", flat_b, y))
-                if is_duplicate_store(flat, same_events, event)
-            ]
             problems.append(
                 f"KV events differ at event {same_events} (step {x[0]} vs {y[0]}): "
                 f"{first_difference(x[1], y[1]) or 'same event, different step'}\n"
                 f"  first run:  {json.dumps(x[1])[:600]}\n  second run: {json.dumps(y[1])[:600]}"
-                + "".join(notes)
             )
             break
         same_events += 1
-    if (
-        same_events == min(len(flat_a), len(flat_b))
-        and len(flat_a) != len(flat_b)
-        and (dup is None or dup >= same_events)
-    ):
+    if same_events == min(len(flat_a), len(flat_b)) and len(flat_a) != len(flat_b):
         problems.append(f"KV event streams differ in length: {len(flat_a)} vs {len(flat_b)}")
-    elif same_events == min(len(flat_a), len(flat_b)) and len(flat_a) != len(flat_b):
-        parted_after_duplicate = dup
     if not flat_a:
         problems.append("no KV event was published")
     return {
         "outputs": (same_out, n),
         "cached": (same_cached, n),
         "events": (same_events, len(flat_a), len(flat_b)),
-        "duplicate": parted_after_duplicate,
+        "copies": copies_stored(flat_a),
     }
 
 
@@ -668,8 +632,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeat",
         action="store_true",
-        help="add a phase whose decode blocks duplicate cached ones (the managers' designed "
-        "difference: the event streams may part after the first duplicate)",
+        help="add phases that send the same requests again with longer outputs: their decode "
+        "blocks are copies of cached blocks",
     )
     parser.add_argument(
         "--async",
@@ -750,12 +714,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{1e6 * r['update_s'] / max(r['steps'], 1):.0f})",
             file=sys.stderr,
         )
-    parted = counts["duplicate"]
     events_note = (
-        f"{same_events}/{n_events} events identical"
-        if parted is None
-        else f"{same_events}/{n_events} events identical, then parted after the duplicate "
-        f"block stored at event {parted}, as designed"
+        f"{same_events}/{n_events} events identical, {counts['copies']} blocks stored while "
+        "their hash was cached"
     )
     print(
         f"vllm-e2e: {same_out}/{n} outputs identical ({same_cached}/{n} cached-token counts "

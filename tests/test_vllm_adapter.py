@@ -81,7 +81,15 @@ def _same_view(ref, kvn) -> None:
     assert len(kvn.block_pool.cached_block_hash_to_block) == len(
         ref.block_pool.cached_block_hash_to_block
     )
+    # Blocks registered per hash: copies of a cached block are cached beside it on both sides.
+    assert _copies(kvn) == _copies(ref)
     kvn.check()
+
+
+def _copies(manager) -> list[int]:
+    """Blocks registered per hash, sorted (more than 1: a block computed again is cached)."""
+    held = manager.block_pool.cached_block_hash_to_block._cache.values()
+    return sorted(len(v) if isinstance(v, dict) else 1 for v in held)
 
 
 @pytest.mark.parametrize("seed", range(int(os.environ.get("KVNUMBA_VLLM_SEEDS", "6"))))
@@ -90,18 +98,19 @@ def test_adapter_matches_vllm_manager(seed):
     ref, kvn = _managers(rng.choice([24, 40, 80]))
     prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(0, 5 * BS))] for _ in range(4)]
     running: dict[str, tuple[Request, Request]] = {}
-    serial = 0
+    serial = copies = 0
     for _ in range(300):
         op = rng.random()
         if op < 0.3 or not running:
             serial += 1
             rid = f"r{serial}"
             chunked = rng.random() < 0.3
-            # A prompt admitted in chunks gets no shared prefix: another request admitted while
-            # its later blocks are uncomputed would fill its own copies of them (a duplicate).
-            prefix = [] if chunked else rng.choice(prefixes)
-            body = prefix + [rng.randrange(1000) for _ in range(rng.randrange(1, 9))]
-            tokens = body + [100_000 + serial] * BS  # a last block of its own: no duplicates
+            # Shared prefixes, prompts of whole blocks (the last one is computed again) and
+            # few distinct output tokens: blocks equal to cached ones are computed again.
+            tokens = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randrange(9))]
+            if rng.random() < 0.3 and len(tokens) > BS:
+                tokens = tokens[: len(tokens) // BS * BS]
+            tokens = tokens or [rng.randrange(1000)]
             pair = (_request(rid, tokens), _request(rid, tokens))
             hits = [m.get_computed_blocks(r) for m, r in zip((ref, kvn), pair, strict=True)]
             assert hits[0][1] == hits[1][1], "prefix hit tokens"
@@ -125,8 +134,8 @@ def test_adapter_matches_vllm_manager(seed):
             req = pair[0]
             if req.num_computed_tokens < req.num_tokens:  # the prompt's next chunk
                 num_new = rng.randrange(1, req.num_tokens - req.num_computed_tokens + 1)
-            else:  # decode: sample a token (random, so no two outputs hash alike)
-                token = rng.randrange(1000)
+            else:  # decode: few distinct tokens, so outputs of a shared prefix hash alike
+                token = rng.randrange(3)
                 for r in pair:
                     r.append_output_token_ids(token)
                 num_new = 1
@@ -149,6 +158,7 @@ def test_adapter_matches_vllm_manager(seed):
             for m, r in zip((ref, kvn), running.pop(rid), strict=True):
                 m.free(r)
         _same_view(ref, kvn)
+        copies += max(_copies(kvn), default=1) > 1
         for rid in running:
             assert len(kvn.get_block_ids(rid)[0]) == len(ref.get_block_ids(rid)[0])
     for pair in running.values():
@@ -157,6 +167,7 @@ def test_adapter_matches_vllm_manager(seed):
     _same_view(ref, kvn)
     assert ref.reset_prefix_cache() and kvn.reset_prefix_cache()
     _same_view(ref, kvn)
+    assert copies > 0, "no step held a copy of a cached block"
 
 
 @pytest.mark.parametrize("eviction", kvnumba.EVICTION_POLICIES)

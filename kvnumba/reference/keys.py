@@ -6,7 +6,8 @@ With ``block_keys=True`` the engine names its blocks: a block is registered unde
 ``admit`` or ``set_keys`` gives it one, never by hashing its tokens. ``_key[b]`` holds that
 tuple and ``_hash[b]`` its word 0 (what ``on_evict`` reports); ``_prefix`` maps a key to the
 first block registered with it. A later block given an equal key keeps the key but stays
-unregistered, as a token-mode duplicate keeps its chained hash.
+unregistered, as a token-mode duplicate keeps its chained hash; with ``cache_duplicates`` it is
+registered too, in ``_twins`` (see ``BlocksMixin._register``).
 
 A key hits when a registered block has an equal key (all 256 bits and the salt) and, when both
 the block's content and the query's tokens are known, equal tokens. The hits of a prompt are

@@ -1,7 +1,8 @@
 """The model's prefix table: chained hashes of full blocks and the longest cached prefix.
 
 A full block of known content whose parent has a hash gets the key ``(previous hash, salt,
-tokens)``; the first block that filled with a key is the one registered in ``_prefix``. In a
+tokens)``; the first block that filled with a key is the one registered in ``_prefix`` (later
+ones, with ``cache_duplicates``, in ``_twins``). In a
 windowed sequence the parent of the first block after the gap (the entry before it is
 ``NULL_BLOCK``) is the block that left the window there: its hash is the sequence's anchor.
 """

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-import numpy as np
-
 from kvnumba.integrations.vllm._blocks import GROUP_BYTES, KVNumbaBlock, block_hash_of
-from kvnumba.state import NIL, BlockFlag, Meta
+from kvnumba.state import NIL, Meta, registered_blocks
 
 
 class FreeQueueView:
@@ -51,22 +49,30 @@ class FreeQueueView:
 
 
 class CachedBlocksView(Mapping):
-    """vLLM's ``cached_block_hash_to_block``: registered keys to their block (built on demand).
+    """vLLM's ``cached_block_hash_to_block``: registered keys to their blocks (built on demand).
 
-    kvnumba registers one block per key (a later block with an equal key keeps its key but is
-    not registered), so every entry is a single block.
+    As vLLM's ``BlockHashToBlockMap``, ``_cache`` maps a key to its block, or to a dict of
+    block id to block, in registration order, when several blocks are registered with it
+    (``cache_duplicates``); ``get_one_block`` returns the first, which lookups hit.
     """
 
     def __init__(self, pool: BlockPoolView) -> None:
         pool.flush_keys()
         state = pool.state
-        registered = np.flatnonzero(state.block_flags & BlockFlag.REGISTERED)
         width, groups = pool.width, pool.groups
-        self._cache = {
-            block_hash_of(state, int(b), width, groups): pool.blocks[int(b)] for b in registered
-        }
+        cache: dict = {}
+        for b in registered_blocks(state).tolist():
+            key, block = block_hash_of(state, b, width, groups), pool.blocks[b]
+            held = cache.get(key)
+            if held is None:
+                cache[key] = block
+            elif isinstance(held, dict):
+                held[b] = block
+            else:
+                cache[key] = {held.block_id: held, b: block}
+        self._cache = cache
 
-    def __getitem__(self, key: bytes) -> KVNumbaBlock:
+    def __getitem__(self, key: bytes):
         return self._cache[key]
 
     def __iter__(self) -> Iterator[bytes]:
@@ -76,13 +82,18 @@ class CachedBlocksView(Mapping):
         return len(self._cache)
 
     def get_one_block(self, key: bytes) -> KVNumbaBlock | None:
-        """The block registered under ``key`` (a ``BlockHashWithGroupId``), or None."""
-        return self._cache.get(key)
+        """The block a lookup of ``key`` (a ``BlockHashWithGroupId``) hits, or None."""
+        held = self._cache.get(key)
+        if isinstance(held, dict):
+            return next(iter(held.values()))
+        return held
 
     def contain(self, key: bytes, block_id: int) -> bool:
-        """Whether ``key`` is registered to ``block_id``."""
-        block = self._cache.get(key)
-        return block is not None and block.block_id == block_id
+        """Whether block ``block_id`` is registered under ``key``."""
+        held = self._cache.get(key)
+        if isinstance(held, dict):
+            return block_id in held
+        return held is not None and held.block_id == block_id
 
 
 class BlockPoolView:

@@ -229,6 +229,7 @@ class KVNumbaGroupsKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         # Registered digests and their groups (a bit each), from kvnumba's block events: the
         # lead groups' own hit needs them (see get_computed_blocks).
         self._registered: dict[bytes, int] = {}
+        self._copies: dict[tuple[bytes, int], int] = {}  # blocks registered per digest and group
         self._lead_mask = sum(1 << g for g in self._lead)
         self._track = enable_caching and len(specs) > 1
         if max_seqs is None:
@@ -250,6 +251,8 @@ class KVNumbaGroupsKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             block_events=enable_caching and (len(specs) > 1 or enable_kv_cache_events),
             eviction=eviction,
             window_release="explicit",
+            # vLLM caches a block computed again beside the cached one of its hash.
+            cache_duplicates=True,
             kv_cache_groups=[
                 KVCacheGroup(
                     sliding_window=size if kind == SLIDING else None,
@@ -622,19 +625,24 @@ class KVNumbaGroupsKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         salt = self.kvnumba.state.block_salt
         groups, width = self.num_kv_cache_groups, self.hash_width
         out = self.pending_events if self._events_on else None
-        registered = self._registered
+        registered, copies = self._registered, self._copies
         for k, b, key in zip(events.kind.tolist(), events.block.tolist(), events.key, strict=True):
             digest = hash_from_key(key, width)
             if k == _events.STORED:
                 g = self._block_group[b] = int(salt[b]) % groups
                 registered[digest] = registered.get(digest, 0) | (1 << g)
+                copies[digest, g] = copies.get((digest, g), 0) + 1
             elif k == _events.REMOVED:
                 g = int(self._block_group[b])
-                left = registered.get(digest, 0) & ~(1 << g)
-                if left:
-                    registered[digest] = left
+                if copies[digest, g] > 1:  # another block of the group holds the digest
+                    copies[digest, g] -= 1
                 else:
-                    registered.pop(digest, None)
+                    del copies[digest, g]
+                    left = registered[digest] & ~(1 << g)
+                    if left:
+                        registered[digest] = left
+                    else:
+                        del registered[digest]
                 if out is not None:
                     out.append(
                         BlockRemoved(
@@ -677,6 +685,7 @@ class KVNumbaGroupsKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         if self.kvnumba.pending_events:
             self.kvnumba.take_events()  # the removals of the reset: AllBlocksCleared says it
         self._registered.clear()
+        self._copies.clear()
         return True
 
     def remove_skipped_blocks(

@@ -229,6 +229,8 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             block_keys=True,
             block_events=enable_kv_cache_events and enable_caching,
             eviction=eviction,
+            # vLLM caches a block computed again beside the cached one of its hash.
+            cache_duplicates=True,
         )
         state = self.kvnumba.state
         self._table = state.seq_table
