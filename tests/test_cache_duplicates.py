@@ -126,3 +126,25 @@ def test_keyed_copies_are_registered_and_promoted(cls):
 def test_the_switch_must_be_a_bool():
     with pytest.raises(TypeError, match="cache_duplicates"):
         BlockManager(8, BS, cache_duplicates="yes")
+
+
+def test_registered_blocks_lists_copies_in_lookup_order():
+    """``kvnumba.state.registered_blocks``: the copies of one key in the order lookups try
+    them, the reference model's ``_prefix`` then ``_twins``, after every eviction."""
+    from kvnumba.state import registered_blocks
+
+    sides = [cls(16, BS, cache_duplicates=True) for cls in (BlockManager, ReferenceBlockManager)]
+    for mgr in sides:
+        ids = mgr.new_sequences(4)
+        mgr.append(ids, [BS] * 4, np.tile(np.arange(BS), 4))  # four copies of one block
+        mgr.release(ids[::-1])
+    kv, ref = sides
+    while kv.stats().cached:
+        key = next(iter(ref._prefix))
+        want = [ref._prefix[key], *ref._twins.get(key, ())]
+        assert registered_blocks(kv.state).tolist() == want
+        assert kv.lookup(np.arange(BS + 1), [BS + 1]).block_ids[0].tolist() == [want[0]]
+        victim = want[0] if len(want) % 2 == 0 else want[-1]  # the first, or the last copy
+        assert kv.evict([victim]) == ref.evict([victim]) == 1
+        kv.check()
+    assert registered_blocks(kv.state).size == 0
