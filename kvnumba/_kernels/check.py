@@ -11,9 +11,9 @@ from kvnumba._kernels.anchors import seq_anchors
 from kvnumba._kernels.eviction_check import POLICY_MESSAGES, policy_check
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import out_of_line
-from kvnumba._kernels.keys import key_hash
+from kvnumba._kernels.keys import key_hash, table_find_key
 from kvnumba._kernels.physical_pages import O_CLIENT, O_VIRTUAL, pool_views
-from kvnumba._kernels.prefix import chain_hash, root_hash
+from kvnumba._kernels.prefix import chain_hash, root_hash, table_find
 from kvnumba._kernels.views import header_entry, views
 from kvnumba._kernels.windows import first_needed
 from kvnumba._state import (
@@ -127,20 +127,15 @@ MESSAGES = {
 
 
 @out_of_line
-def _same_entry(st, a, b, keyed):
-    """Whether registered blocks ``a`` and ``b`` have the same key as a lookup tells keys apart:
-    hash, salt and the engine's key words (keyed) or the tokens (token mode)."""
-    if a < 0 or st.block_hash[a] != st.block_hash[b] or st.block_salt[a] != st.block_salt[b]:
-        return False
+def _first_with_key(st, b, keyed):
+    """The registered block a lookup of registered block ``b``'s key finds: by the lookup's
+    own rule (hash, salt and key words, or tokens), so ``b`` itself unless a block registered
+    before it holds the same key."""
     if keyed:
-        for w in range(4):
-            if st.block_key[a, w] != st.block_key[b, w]:
-                return False
-        return True
-    for j in range(st.tokens.shape[1]):
-        if st.tokens[a, j] != st.tokens[b, j]:
-            return False
-    return True
+        return table_find_key(
+            st, st.block_hash[b], st.block_salt[b], st.block_key, b, st.tokens[b], False
+        )
+    return table_find(st, st.block_hash[b], st.block_salt[b], st.tokens[b])
 
 
 @out_of_line
@@ -427,7 +422,7 @@ def check_state(arena, scratch, pool, counts, seen, marks):
     if code != 0:
         return code, a, c
     # Prefix table: every entry a registered block reachable from its home slot, each once;
-    # without cache_duplicates, no entry on its probe path holds the same key.
+    # without cache_duplicates, each the block a lookup of its key finds.
     single = meta[M_CACHE_DUPLICATES] == 0
     mask = htab.shape[0] - 1
     occurrences = counts
@@ -445,13 +440,15 @@ def check_state(arena, scratch, pool, counts, seen, marks):
         while j != i:
             if htab[j] == EMPTY:
                 return C_TABLE_UNREACHABLE, e, 0
-            if single and _same_entry(st, htab[j], e, keyed):
-                return C_TABLE_TWIN, e, htab[j]
             j = (j + 1) & mask
     for b in range(num_blocks):
         expected = 1 if block_flags[b] & F_REGISTERED else 0
         if occurrences[b] != expected:
             return C_TABLE_DUPLICATE, b, occurrences[b]
+        if single and expected:
+            first = _first_with_key(st, np.int64(b), keyed)
+            if first != b:
+                return C_TABLE_TWIN, b, first
     if registered != meta[M_REGISTERED]:
         return C_COUNTER, M_REGISTERED, meta[M_REGISTERED]
     # Sequence slots: the stack holds exactly the free ones.
