@@ -204,3 +204,32 @@ def test_invalid_config():
         Simulator([], SimConfig(max_batch=0))
     with pytest.raises(ValueError, match="index"):
         Simulator([Request(1, 0.0, 5, 5)], SimConfig(num_blocks=8))
+
+
+class OfferEveryStep(Simulator):
+    """The scheduler without its gate: waiting prompts are offered again at every step."""
+
+    def _reach(self, available, tokens, lengths):
+        return 0
+
+
+@pytest.mark.parametrize("eviction", ["lru", "leaf-lru"])
+def test_skipped_offers_change_no_row(eviction):
+    # Many requests at once into a tight pool: prompts wait, and every step that offers them
+    # only to see them fail again is one the gate skips. The replay must not change at all.
+    reqs = load_trace(limit=300)
+    cfg = SimConfig(num_blocks=1500, max_batch=64, step_ms=2, eviction=eviction)
+    gated = Simulator(reqs, cfg, recording(default_manager_factory))
+    every = Simulator(reqs, cfg, recording(default_manager_factory))
+    every.__class__ = OfferEveryStep
+    a, b = gated.run(), every.run()
+    sa, sb = a.summary(), b.summary()
+    assert {k: v for k, v in sa.items() if k not in TIMING} == {
+        k: v for k, v in sb.items() if k not in TIMING
+    }
+    for name in ("steps", "used", "cached", "running", "waiting", "admit_order"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert np.array_equal(a.preempted_count, b.preempted_count)
+    assert sa["preemptions"] > 0 and b.waiting.max() > 0
+    # The gate skipped most of the offers that fail: far fewer admit calls, same rows.
+    assert gated.manager.calls["admit"] * 5 < every.manager.calls["admit"]

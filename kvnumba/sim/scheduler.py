@@ -474,7 +474,10 @@ class Simulator:
 
         steps, used, cached, running, waiting, alloc = [], [], [], [], [], []
         admitted_tokens = cached_tokens = first_tokens = first_cached = cow = 0
-        gate: tuple | None = None  # (window, available) of the last admit that left prompts out
+        # After an admit that admitted nothing: (its prompts, the free + cached blocks any of
+        # them needs at least). Until the pool has that many, the same prompts are not offered.
+        gate: tuple | None = None
+        offered: tuple | None = None  # the last offered window's key and concatenated tokens
         p, step = 0, 0
         ones = np.ones(cfg.max_batch, np.int64)
         hints, census = self._hints, self._census
@@ -555,20 +558,20 @@ class Simulator:
                 window = self._window(queue, slots, prompt, generated)
                 st = mgr.stats()
                 available = st.free + st.cached
-                # Retrying prompts that all just failed, with no more free or cached blocks
-                # than then, cannot succeed: nothing was admitted since (so no new prefix
-                # hits) and decode output never matches a prompt.
-                if gate is None or available > gate[1] or not gate[0].issuperset(window):
+                if gate is None or available >= gate[1] or not gate[0].issuperset(window):
                     lengths = prompt[window] + generated[window]
-                    for i in [i for i in token_cache if i not in window]:
-                        del token_cache[i]  # keep only the prompts still being offered
-                    parts = []
-                    for i, length in zip(window, lengths.tolist(), strict=True):
-                        toks = token_cache.get(i)
-                        if toks is None or toks.size != length:
-                            toks = token_cache[i] = reqs[i].tokens(length)
-                        parts.append(toks)
-                    res = timed(mgr.admit, np.concatenate(parts), lengths, atomic=False)
+                    key = (tuple(window), lengths.tobytes())
+                    if offered is None or offered[0] != key:
+                        for i in [i for i in token_cache if i not in window]:
+                            del token_cache[i]  # keep only the prompts still being offered
+                        parts = []
+                        for i, length in zip(window, lengths.tolist(), strict=True):
+                            toks = token_cache.get(i)
+                            if toks is None or toks.size != length:
+                                toks = token_cache[i] = reqs[i].tokens(length)
+                            parts.append(toks)
+                        offered = (key, np.concatenate(parts))
+                    res = timed(mgr.admit, offered[1], lengths, atomic=False)
                     ok = np.asarray(res.ok, bool)
                     win = np.asarray(window, np.int64)
                     adm = win[ok]
@@ -596,7 +599,11 @@ class Simulator:
                     r_req = np.concatenate([r_req, adm])
                     r_len = np.concatenate([r_len, lengths[ok]])
                     r_left = np.concatenate([r_left, output[adm] - generated[adm]])
-                    gate = None if ok.any() else (frozenset(window), available)
+                    gate = None
+                    if not ok.any():
+                        gate = (frozenset(window), self._reach(available, offered[1], lengths))
+                    else:
+                        offered = None
                 if not r_id.size and queue:
                     raise RuntimeError(
                         f"scheduler stalled at step {step}: request {queue[0]} does not fit an "
@@ -644,6 +651,24 @@ class Simulator:
             unreachable=None if census is None else np.asarray(census.unreachable, np.int64),
             unreachable_cached=None if census is None else np.asarray(census.cached, np.int64),
         )
+
+    def _reach(self, available: int, tokens: np.ndarray, lengths: np.ndarray) -> int:
+        """Free + cached blocks the pool must hold before prompts that all just failed to fit
+        are offered again.
+
+        At least one more than ``available``. Without a window, a prompt cannot fit before the
+        pool holds the blocks it does not find cached, and that count cannot shrink while no
+        prompt is admitted: decode output never matches a prompt, and a block that a running
+        sequence releases was a hit already while in use. The hits come from one ``lookup``
+        (it claims nothing). Under a window a hit needs only the prompt's last window, so a
+        released block can become one: there, any growth of the pool is a reason to retry.
+        """
+        if self.config.windowed:
+            return available + 1
+        bs = self.config.block_size
+        hits = np.asarray(self.manager.lookup(tokens, lengths).num_cached_tokens) // bs
+        fewest = int((-(-lengths // bs) - hits).min())
+        return max(available + 1, fewest)
 
     def _window(self, queue: deque, slots: int, prompt: np.ndarray, generated: np.ndarray) -> list:
         """Queue head offered to one ``admit``: ``slots`` requests, within the prefill budget."""
