@@ -32,7 +32,7 @@ from kvnumba.sim.scheduler import (
     full_attention,
     reference_manager_factory,
 )
-from kvnumba.sim.traces import default_trace_path, load_trace
+from kvnumba.sim.traces import TRACE_FORMATS, default_trace_path, detect_format, load_trace
 
 #: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
@@ -40,7 +40,9 @@ EXIT_INTERRUPTED = 130
 EPILOG = """\
 The default trace is the Mooncake synthetic trace (Qin et al., FAST'25; Apache-2.0) shipped in
 kvnumba/data with the Azure LLM inference trace (Patel et al., ISCA'24; CC-BY-4.0; use
---trace azure); see kvnumba/data/README.md for attribution."""
+--trace azure); see kvnumba/data/README.md for attribution. --trace also reads the other
+Mooncake traces, the Azure LLM inference traces 2023 and 2024 and BurstGPT files (format read
+from the first line; kvnumba/data/README.md lists them)."""
 
 
 #: Short names for the traces shipped in ``kvnumba/data`` (``--trace azure``).
@@ -80,8 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="PATH",
-        help="trace file: .jsonl (Mooncake, hash_ids) or .csv (Azure), or 'mooncake' / "
-        "'azure' for the embedded copies; default: mooncake",
+        help="trace file: Mooncake JSONL (hash_ids), Azure LLM inference CSV (2023, 2024) or "
+        "BurstGPT CSV, or 'mooncake' / 'azure' for the embedded copies; default: mooncake",
+    )
+    p.add_argument(
+        "--trace-format",
+        choices=TRACE_FORMATS,
+        default="auto",
+        help="format of --trace; 'auto' reads it from the file's first line (a JSON object or "
+        "a CSV header), whatever the suffix (default: auto)",
     )
     p.add_argument(
         "--blocks",
@@ -364,7 +373,10 @@ def _main(argv: list[str], t_start: float) -> int:
         print(f"kvnumba simulate: --plot must name a .png file, got {args.plot}", file=sys.stderr)
         return 2
     try:
-        requests = load_trace(trace_path, limit=args.limit)
+        trace_format = args.trace_format
+        if trace_format == "auto":
+            trace_format = detect_format(trace_path)
+        requests = load_trace(trace_path, limit=args.limit, fmt=trace_format)
     except (OSError, ValueError) as exc:
         print(f"kvnumba simulate: cannot read trace: {exc}", file=sys.stderr)
         return 2
@@ -374,7 +386,7 @@ def _main(argv: list[str], t_start: float) -> int:
     if args.eviction in HINDSIGHT_POLICIES and any(r.hash_ids is None for r in requests):
         print(
             f"kvnumba simulate: --eviction {args.eviction} needs a trace with hash_ids "
-            f"(Mooncake .jsonl) to know when each block is used again; {trace_path} has none",
+            f"(a Mooncake trace) to know when each block is used again; {trace_path} has none",
             file=sys.stderr,
         )
         return 2
@@ -424,6 +436,7 @@ def _main(argv: list[str], t_start: float) -> int:
         full = result_fields(results[1], requests, configs[1], sim.keys)
     setup = {
         "trace": str(trace_path),
+        "trace_format": trace_format,
         "limit": args.limit,
         "blocks": config.blocks,
         "block_size": config.block_size,

@@ -98,7 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", type=Path, metavar="GRID.toml", help="grid file (TOML)")
     lists = [
-        ("--trace", "NAME", "traces: 'mooncake', 'azure' (embedded) or .jsonl/.csv files"),
+        (
+            "--trace",
+            "NAME",
+            "traces: 'mooncake', 'azure' (embedded) or .jsonl/.csv files (Mooncake, Azure LLM "
+            "inference 2023/2024, BurstGPT; the format is read from the first line)",
+        ),
         ("--blocks", "N", "pool sizes in blocks ('default': 2**19 tokens / block size)"),
         ("--block-size", "N", "tokens per block (default 16)"),
         ("--prefix-caching", "on|off", "prefix caching (default on)"),

@@ -1,4 +1,15 @@
-"""Request traces: parse the Mooncake JSONL and Azure CSV formats into :class:`Request` records.
+"""Request traces: parse public LLM serving traces into :class:`Request` records.
+
+Formats (each detected from its first line, :func:`detect_format`; details, sources and
+licences in ``kvnumba/data/README.md``):
+
+* ``mooncake``: JSON Lines with ``timestamp`` (ms), ``input_length``, ``output_length`` and
+  ``hash_ids`` (kvcache-ai/Mooncake, ``FAST25-release``: the synthetic, conversation and
+  tool&agent traces and the earlier arxiv trace all have these four fields);
+* ``azure``: CSV ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure/AzurePublicDataset, the
+  LLM inference traces 2023 and 2024, code and conversation);
+* ``burstgpt``: CSV ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``
+  (HPMLL/BurstGPT; the later release's extra columns are ignored).
 
 Token ids are never stored: a request carries just enough to regenerate its prompt (and the
 tokens it will generate) on demand, because the Mooncake trace holds ~61M prompt tokens in
@@ -10,8 +21,8 @@ Token content rules (all ids are in ``[0, 2**31)``, so never the manager's "unkn
   same leading hash ids share that prefix. Token ``j`` of hash block ``h`` is
   ``mix(h, j)``, so equal hash ids give equal tokens at every position and the sharing survives
   any manager block size (16, 48, ...).
-* Azure: no prefix information; every request gets its own content ``mix(request, position)``
-  in a separate domain, so nothing is shared.
+* Azure and BurstGPT: no prefix information; every request gets its own content
+  ``mix(request, position)`` in a separate domain, so nothing is shared.
 * Generated (output) tokens: ``mix(request, position)`` in a third domain, so decode output
   never matches anybody's prompt, yet a preempted request recomputes exactly what it had.
 """
@@ -35,7 +46,24 @@ _DOMAIN_MOONCAKE = np.uint64(0x9E3779B97F4A7C15)
 _DOMAIN_UNIQUE = np.uint64(0xC2B2AE3D27D4EB4F)
 _DOMAIN_OUTPUT = np.uint64(0x165667B19E3779F9)
 
+#: Header of the Azure LLM inference traces (2023 and 2024).
 AZURE_HEADER = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+
+#: Header of the BurstGPT trace files of release v1.1 (``BurstGPT_1.csv`` ...).
+BURSTGPT_HEADER = [
+    "Timestamp",
+    "Model",
+    "Request tokens",
+    "Response tokens",
+    "Total tokens",
+    "Log Type",
+]
+
+#: The BurstGPT columns kvnumba reads; a header may hold others, in any order.
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+
+#: Values of ``fmt`` of :func:`load_trace` (and of ``kvnumba simulate --trace-format``).
+TRACE_FORMATS = ("auto", "mooncake", "azure", "burstgpt")
 
 
 def _mix(key: np.ndarray, pos: np.ndarray, domain: np.uint64) -> np.ndarray:
@@ -175,12 +203,19 @@ def _int_field(obj: dict, key: str, lo: int, path: Path, lineno: int) -> int:
 def load_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
     """Parse a Mooncake trace (JSON Lines with ``hash_ids``).
 
+    The format of every trace kvcache-ai/Mooncake publishes under ``FAST25-release``
+    (``traces/synthetic_trace.jsonl``, ``traces/conversation_trace.jsonl``,
+    ``traces/toolagent_trace.jsonl`` and the earlier ``arxiv-trace/mooncake_trace.jsonl``;
+    Qin et al., "Mooncake", USENIX FAST 2025 and arXiv:2407.00079; Apache-2.0): the four fields
+    below, shown in ``FAST25-release/README.md``.
+
     Parameters
     ----------
     path : str or path-like
-        One JSON object a line: ``timestamp`` (ms), ``input_length``, ``output_length``,
-        ``hash_ids`` (``ceil(input_length / 512)`` ints). Blank lines are ignored; a UTF-8
-        byte-order mark and CRLF line ends are accepted.
+        One JSON object a line: ``timestamp`` (integer ms from the start of the trace, taken
+        as is), ``input_length``, ``output_length``, ``hash_ids`` (``ceil(input_length /
+        512)`` ints; equal leading ids are an equal prompt prefix); other keys are ignored.
+        Blank lines are ignored; a UTF-8 byte-order mark and CRLF line ends are accepted.
     limit : int, optional
         Stop after this many requests.
 
@@ -225,21 +260,57 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
     return requests
 
 
+def _header(lines) -> tuple[int, str]:
+    """The first non-blank line of a CSV file and its number; ``(1, "")`` if there is none."""
+    for lineno, line in lines:
+        if line.strip():
+            return lineno, line
+    return 1, ""
+
+
+# The Azure traces write wall-clock times: "2023-11-16 18:15:46.6805900" (2023, 7 fractional
+# digits) and "2024-05-12 00:00:00.001163+00:00" (2024, 6 digits and a UTC offset; a time on
+# the second has no fraction: "2024-05-12 00:00:00+00:00").
+_WALL_CLOCK = re.compile(
+    r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?) ?(Z|[+-]\d{2}:?\d{2})?"
+)
+
+
 def _parse_azure_time(text: str) -> np.datetime64:
-    # numpy parses "YYYY-MM-DD HH:MM:SS.fffffff" (7 fractional digits) at ns precision;
-    # datetime.fromisoformat on Python 3.10 does not.
-    return np.datetime64(text.strip().replace(" ", "T"), "ns")
+    """A wall-clock time as UTC nanoseconds; a time without an offset is taken as UTC."""
+    m = _WALL_CLOCK.fullmatch(text.strip())
+    if m is None:
+        raise ValueError("expected YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM]")
+    # numpy parses up to 9 fractional digits at ns precision (datetime.fromisoformat on
+    # Python 3.10 takes neither 7 digits nor every offset form), but warns on an offset, so
+    # the offset is applied here.
+    t = np.datetime64(f"{m[1]}T{m[2]}", "ns")
+    offset = m[3]
+    if offset and offset != "Z":
+        minutes = int(offset[1:3]) * 60 + int(offset[-2:])
+        t -= np.timedelta64(minutes if offset[0] == "+" else -minutes, "m")
+    return t
 
 
 def load_azure(path: str | Path, limit: int | None = None) -> list[Request]:
     """Parse an Azure LLM inference trace (CSV: ``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
+    The format of the Azure LLM inference traces 2023 (``AzureLLMInferenceTrace_code.csv``,
+    ``_conv.csv``; Patel et al., "Splitwise", ISCA 2024) and 2024
+    (``AzureLLMInferenceTrace_code_1week.csv``, ``_conv_1week.csv``; Stojkovic et al.,
+    "DynamoLLM", arXiv:2408.00741), Azure/AzurePublicDataset ``AzureLLMInferenceDataset2023.md``
+    and ``AzureLLMInferenceDataset2024.md``, CC-BY-4.0.
+
     Parameters
     ----------
     path : str or path-like
-        CSV with that exact header; timestamps are wall-clock and become milliseconds since
-        the first row. Every request gets unique prompt content (the trace has no sharing).
-        A UTF-8 byte-order mark and CRLF line ends are accepted.
+        CSV with that exact header (blank lines before it are skipped). ``TIMESTAMP`` is wall-clock time,
+        ``YYYY-MM-DD HH:MM:SS.fffffff`` (2023) or ``YYYY-MM-DD HH:MM:SS.ffffff+00:00`` (2024; no
+        fraction on a whole second); an offset is applied (a time without one is taken as UTC)
+        and the times become milliseconds since the first row. ``ContextTokens`` >= 1 is the
+        prompt, ``GeneratedTokens`` >= 0 the output (0 is kept: a prefill-only request). Every
+        request gets unique prompt content (the traces have no sharing). A UTF-8 byte-order
+        mark and CRLF line ends are accepted.
     limit : int, optional
         Stop after this many requests.
 
@@ -257,9 +328,11 @@ def load_azure(path: str | Path, limit: int | None = None) -> list[Request]:
     requests: list[Request] = []
     t0: np.datetime64 | None = None
     lines = _text_lines(path)
-    _, header = next(lines, (1, ""))
+    head_line, header = _header(lines)
     if [h.strip() for h in header.split(",")] != AZURE_HEADER:
-        raise _bad(path, 1, f"expected header {','.join(AZURE_HEADER)!r}, got {header.strip()!r}")
+        raise _bad(
+            path, head_line, f"expected header {','.join(AZURE_HEADER)!r}, got {header.strip()!r}"
+        )
     for lineno, line in lines:
         if limit is not None and len(requests) >= limit:
             break
@@ -273,33 +346,43 @@ def load_azure(path: str | Path, limit: int | None = None) -> list[Request]:
             n_in, n_out = int(parts[1]), int(parts[2])
         except ValueError as exc:
             raise _bad(path, lineno, f"cannot parse {line.strip()!r} ({exc})") from None
-        if np.isnat(ts) or n_in < 1 or n_out < 0:
+        if n_in < 1 or n_out < 0:
             raise _bad(
                 path,
                 lineno,
-                f"need a timestamp, ContextTokens >= 1, GeneratedTokens >= 0: {line.strip()!r}",
+                f"need ContextTokens >= 1 and GeneratedTokens >= 0: {line.strip()!r}",
             )
         if t0 is None:
             t0 = ts
         arrival_ms = (ts - t0) / np.timedelta64(1, "us") / 1000.0
+        if arrival_ms < 0:
+            raise _bad(path, lineno, f"TIMESTAMP before the first row's: {line.strip()!r}")
         requests.append(Request(len(requests), float(arrival_ms), n_in, n_out))
     return requests
 
 
-def default_trace_path() -> Path:
-    """Path of the Mooncake synthetic trace shipped inside the package (``kvnumba/data``)."""
-    return Path(str(resources.files("kvnumba") / "data" / "mooncake_synthetic_trace.jsonl"))
+def load_burstgpt(path: str | Path, limit: int | None = None) -> list[Request]:
+    """Parse a BurstGPT trace (CSV: ``Timestamp,Model,Request tokens,Response tokens,...``).
 
-
-def load_trace(path: str | Path | None = None, limit: int | None = None) -> list[Request]:
-    """Load a trace, choosing the parser by file extension.
+    BurstGPT (HPMLL/BurstGPT, ``README.md``: ``BurstGPT_1.csv``, ``BurstGPT_2.csv`` and their
+    ``_without_fails`` variants; Wang et al., "BurstGPT: A Real-world Workload Dataset to
+    Optimize LLM Serving Systems", arXiv:2401.17644, KDD 2025; CC-BY-4.0) logs ChatGPT and
+    GPT-4 requests of an Azure OpenAI service.
 
     Parameters
     ----------
-    path : str or path-like, optional
-        ``.jsonl`` (Mooncake) or ``.csv`` (Azure); default: the embedded Mooncake trace.
+    path : str or path-like
+        CSV whose header (its first non-blank line) names ``Timestamp`` (seconds from 0:00:00 on the trace's first day),
+        ``Request tokens`` and ``Response tokens``, in any order; other columns (``Model``,
+        ``Total tokens``, ``Log Type``, and ``Session ID``, ``Elapsed time`` of the later
+        release) are read past. Times become milliseconds since the earliest request kept.
+        Rows with ``Response tokens`` 0 are the trace's failed requests (upstream describes
+        the ``_without_fails`` files as the same trace without them) and are skipped, as are
+        rows with ``Request tokens`` 0 (no prompt to admit); so a file replays as its
+        ``_without_fails`` variant. Every request gets unique prompt content (the trace
+        has no prefix information). A UTF-8 byte-order mark and CRLF line ends are accepted.
     limit : int, optional
-        Keep only the first ``limit`` requests.
+        Stop after this many requests (skipped rows do not count).
 
     Returns
     -------
@@ -308,14 +391,148 @@ def load_trace(path: str | Path | None = None, limit: int | None = None) -> list
     Raises
     ------
     ValueError
-        Unknown extension or a malformed line (with its line number).
+        On a header without the three columns or the first malformed or undecodable row
+        (wrong field count, a time that is not a finite number >= 0, a token count that is
+        not an integer >= 0), naming the file and the (1-based) line.
+    """
+    path = Path(path)
+    lines = _text_lines(path)
+    head_line, header = _header(lines)
+    names = [h.strip() for h in header.split(",")]
+    missing = [c for c in BURSTGPT_COLUMNS if c not in names]
+    if missing:
+        raise _bad(
+            path,
+            head_line,
+            f"expected a BurstGPT header ({','.join(BURSTGPT_HEADER)!r}), missing "
+            f"{', '.join(missing)}: got {header.strip()!r}",
+        )
+    i_ts, i_in, i_out = (names.index(c) for c in BURSTGPT_COLUMNS)
+    times: list[float] = []
+    lengths: list[tuple[int, int]] = []
+    for lineno, line in lines:
+        if limit is not None and len(times) >= limit:
+            break
+        if not line.strip():
+            continue
+        parts = line.split(",")
+        if len(parts) != len(names):
+            raise _bad(
+                path, lineno, f"expected {len(names)} comma-separated fields, got {len(parts)}"
+            )
+        try:
+            ts = float(parts[i_ts])
+            n_in, n_out = int(parts[i_in]), int(parts[i_out])
+        except ValueError as exc:
+            raise _bad(path, lineno, f"cannot parse {line.strip()!r} ({exc})") from None
+        if not (math.isfinite(ts) and ts >= 0) or n_in < 0 or n_out < 0:
+            raise _bad(
+                path,
+                lineno,
+                "need Timestamp >= 0 (seconds), Request tokens >= 0 and Response tokens >= 0: "
+                f"{line.strip()!r}",
+            )
+        if n_in == 0 or n_out == 0:  # a failed request, or nothing to admit
+            continue
+        times.append(ts)
+        lengths.append((n_in, n_out))
+    t0 = min(times, default=0.0)
+    return [
+        Request(i, (ts - t0) * 1000.0, n_in, n_out)
+        for i, (ts, (n_in, n_out)) in enumerate(zip(times, lengths, strict=True))
+    ]
+
+
+def default_trace_path() -> Path:
+    """Path of the Mooncake synthetic trace shipped inside the package (``kvnumba/data``)."""
+    return Path(str(resources.files("kvnumba") / "data" / "mooncake_synthetic_trace.jsonl"))
+
+
+def detect_format(path: str | Path) -> str:
+    """The format of a trace file, from its first non-blank line.
+
+    A line that starts with ``{`` is a Mooncake JSON object; otherwise the line must be the
+    header of an Azure (exactly :data:`AZURE_HEADER`) or a BurstGPT CSV (holding the columns
+    :data:`BURSTGPT_COLUMNS`). The file name's suffix plays no part.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The trace file.
+
+    Returns
+    -------
+    str
+        ``"mooncake"``, ``"azure"`` or ``"burstgpt"``; ``"mooncake"`` for a file with no
+        non-blank line (it holds no requests in any format).
+
+    Raises
+    ------
+    ValueError
+        A first line of no known format (naming the file and the line), or a file that is
+        not UTF-8 text.
+    OSError
+        The file cannot be read.
+    """
+    path = Path(path)
+    for lineno, line in _text_lines(path):
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("{"):
+            return "mooncake"
+        names = [h.strip() for h in text.split(",")]
+        if names == AZURE_HEADER:
+            return "azure"
+        if all(c in names for c in BURSTGPT_COLUMNS):
+            return "burstgpt"
+        raise _bad(
+            path,
+            lineno,
+            "unknown trace format: expected a Mooncake JSON object or the header of an Azure "
+            f"({','.join(AZURE_HEADER)}) or a BurstGPT CSV ({','.join(BURSTGPT_HEADER)}), got "
+            f"{text[:120]!r} (or pass the format: --trace-format / fmt=)",
+        )
+    return "mooncake"
+
+
+_LOADERS = {"mooncake": load_mooncake, "azure": load_azure, "burstgpt": load_burstgpt}
+
+
+def load_trace(
+    path: str | Path | None = None, limit: int | None = None, *, fmt: str = "auto"
+) -> list[Request]:
+    """Load a trace in any supported format.
+
+    Parameters
+    ----------
+    path : str or path-like, optional
+        A Mooncake JSONL, Azure CSV or BurstGPT CSV file, whatever its suffix; default: the
+        embedded Mooncake trace.
+    limit : int, optional
+        Keep only the first ``limit`` requests.
+    fmt : {"auto", "mooncake", "azure", "burstgpt"}, optional
+        The format; ``"auto"`` (the default) detects it from the first line
+        (:func:`detect_format`).
+
+    Returns
+    -------
+    list of Request
+
+    Raises
+    ------
+    ValueError
+        An unknown ``fmt``, a first line of no known format, or a malformed line (with its
+        line number).
     OSError
         The file cannot be read.
     """
     path = default_trace_path() if path is None else Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        return load_mooncake(path, limit)
-    if suffix == ".csv":
-        return load_azure(path, limit)
-    raise ValueError(f"{path}: unknown trace format {suffix!r} (expected .jsonl or .csv)")
+    if fmt == "auto":
+        fmt = detect_format(path)
+    loader = _LOADERS.get(fmt)
+    if loader is None:
+        raise ValueError(
+            f"unknown trace format {fmt!r} (expected one of {', '.join(TRACE_FORMATS)})"
+        )
+    return loader(path, limit)
