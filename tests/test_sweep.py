@@ -396,6 +396,10 @@ OTHER = {
     "max_prefill_tokens": 50_000,
     "sliding_window": 1024,
     "attention_chunk_size": 8192,
+    "prefill_us_per_token": 20.0,
+    "decode_us_per_token": 60.0,
+    "step_overhead_us": 4000.0,
+    "prefill_tokens_per_step": 2048,
 }
 #: The sweep() argument of each field, where it is not spelled as the field.
 ARGUMENT = {"trace": "traces", "block_size": "block_sizes"}

@@ -15,8 +15,10 @@ from pathlib import Path
 
 from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
 from kvnumba.sim._progress import progress_bar
+from kvnumba.sim.cost import DEFAULT_COST, CostModel
 from kvnumba.sim.report import (
     attention_label,
+    cost_label,
     eviction_hint,
     result_fields,
     save_timeline,
@@ -65,6 +67,80 @@ def _positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _token_limit(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    return _positive(text)
+
+
+def add_cost_options(p: argparse.ArgumentParser, parse: bool = True) -> None:
+    """Add the cost model's options (:mod:`kvnumba.sim.cost`) to a parser, in their own group.
+
+    Parameters
+    ----------
+    p : argparse.ArgumentParser
+        The parser of ``kvnumba simulate`` or ``kvnumba sweep``.
+    parse : bool
+        Give each option its type and its :data:`kvnumba.sim.cost.DEFAULT_COST` default (the
+        simulate command); ``False`` leaves them strings defaulting to ``None`` (the sweep
+        command parses them itself, after its grid file).
+    """
+    d = DEFAULT_COST
+    group = p.add_argument_group(
+        "cost model",
+        "what a step costs, to model TTFT and TPOT (the schedule does not change); the "
+        "defaults are an assumption, a dense 8B model on one H100 (docs/eviction.md, 'What a "
+        "hit is worth')",
+    )
+    options = [
+        (
+            "--prefill-us-per-token",
+            "US",
+            _non_negative_float,
+            d.prefill_us_per_token,
+            "microseconds per prompt token computed (not served from the cache)",
+        ),
+        (
+            "--decode-us-per-token",
+            "US",
+            _non_negative_float,
+            d.decode_us_per_token,
+            "microseconds per token decoded (one per running sequence a step)",
+        ),
+        (
+            "--step-overhead-us",
+            "US",
+            _non_negative_float,
+            d.step_overhead_us,
+            "microseconds per forward pass, whatever its size",
+        ),
+        (
+            "--prefill-tokens-per-step",
+            "N|none",
+            _token_limit,
+            d.prefill_tokens_per_step,
+            "most prompt tokens one pass computes; a step with more runs ceil(tokens / N) "
+            "passes; 'none' for no limit",
+        ),
+    ]
+    for flag, metavar, kind, default, text in options:
+        shown = "none" if default is None else f"{default:g}"
+        group.add_argument(
+            flag,
+            type=kind if parse else None,
+            default=default if parse else None,
+            metavar=metavar,
+            help=f"{text} (default: {shown})",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,12 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="replay only the first N requests",
     )
+    add_cost_options(p)
     p.add_argument(
         "--plot",
         type=Path,
         default=None,
         metavar="FILE.png",
-        help="save a plot of blocks used and cached against trace time",
+        help="save a plot of blocks used and cached against trace time (and the modeled TTFT "
+        "and TPOT)",
     )
     p.add_argument(
         "--log-y",
@@ -225,6 +303,13 @@ def format_report(summary: dict, header: list[tuple[str, str]]) -> str:
             + " / ".join("n/a" if f is None else f"{f:.1%}" for f in fractions)
             + " of cached blocks)"
         )
+    computed = s.get("prefill_tokens_computed")
+    admitted = s["first_admit_prompt_tokens"] + s["recompute_tokens"]
+
+    def p50_p99(name: str) -> str:
+        values = [s.get(f"{name}_p50_ms"), s.get(f"{name}_p99_ms")]
+        return " / ".join("n/a" if v is None else f"{v:,.1f}" for v in values) + " ms"
+
     rows = header + [
         ("requests served", f"{s['served']:,} of {s['requests']:,}"),
         ("rejected (longer than max_seq_len or pool)", f"{s['rejected']:,}"),
@@ -242,6 +327,14 @@ def format_report(summary: dict, header: list[tuple[str, str]]) -> str:
             f"{s['recompute_tokens']:,} tokens, {s['recompute_cached_tokens']:,} from cache "
             f"(hit rate incl. recompute {s['prefix_hit_rate_incl_recompute']:.1%})",
         ),
+        (
+            "prompt tokens computed (not cached)",
+            "n/a"
+            if computed is None
+            else f"{computed:,} of {admitted:,} admitted, recomputes included",
+        ),
+        ("modeled TTFT, p50 / p99", p50_p99("ttft")),
+        ("modeled TPOT, p50 / p99", p50_p99("tpot")),
         ("decode steps simulated", f"{s['steps']:,}"),
         ("blocks used, peak / mean", f"{s['peak_blocks_used']:,} / {s['mean_blocks_used']:,.0f}"),
         (
@@ -402,6 +495,12 @@ def _main(argv: list[str], t_start: float) -> int:
         eviction=args.eviction,
         sliding_window=args.sliding_window,
         attention_chunk_size=args.attention_chunk_size,
+        cost=CostModel(
+            prefill_us_per_token=args.prefill_us_per_token,
+            decode_us_per_token=args.decode_us_per_token,
+            step_overhead_us=args.step_overhead_us,
+            prefill_tokens_per_step=args.prefill_tokens_per_step,
+        ),
     )
     # A windowed run is replayed a second time without its window, for the comparison
     # (what kvnumba.sim.scheduler.compare_window does; built here apart from the runs, so
@@ -448,6 +547,7 @@ def _main(argv: list[str], t_start: float) -> int:
         "eviction": config.eviction,
         "sliding_window": config.sliding_window,
         "attention_chunk_size": config.attention_chunk_size,
+        **config.cost.fields(),
         "manager": "reference" if args.reference else "BlockManager",
     }
     if args.plot is not None:
@@ -491,6 +591,7 @@ def _main(argv: list[str], t_start: float) -> int:
         ),
         ("eviction policy", config.eviction),
         ("attention", attention_label(config)),
+        ("cost profile", cost_label(config.cost)),
     ]
     print(format_report(summary, header))
     hint = eviction_hint(summary, config.prefix_caching)

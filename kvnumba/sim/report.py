@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
+from kvnumba.sim.cost import COST_FIELDS, DEFAULT_COST, CostModel
 from kvnumba.sim.ideal import BlockKeys, block_keys, ideal_prefix_hits
 from kvnumba.sim.scheduler import SimConfig, SimResult
 from kvnumba.sim.traces import Request
@@ -173,6 +174,34 @@ def attention_label(config: SimConfig) -> str:
     return "full"
 
 
+def cost_label(cost: CostModel) -> str:
+    """A cost profile in words (the report's ``cost profile`` line).
+
+    Parameters
+    ----------
+    cost : CostModel
+        The profile.
+
+    Returns
+    -------
+    str
+        ``prefill 40 us/token, decode 80 us/token, pass overhead 5,000 us, at most 8,192
+        prompt tokens a pass``, marked as the default assumption when it is
+        :data:`kvnumba.sim.cost.DEFAULT_COST`.
+    """
+    limit = cost.prefill_tokens_per_step
+    return (
+        f"prefill {cost.prefill_us_per_token:g} us/token, decode {cost.decode_us_per_token:g} "
+        f"us/token, pass overhead {cost.step_overhead_us:,g} us, "
+        + (
+            "no prefill limit a pass"
+            if limit is None
+            else f"at most {limit:,} prompt tokens a pass"
+        )
+        + (" (the default, an assumption)" if cost == DEFAULT_COST else "")
+    )
+
+
 def save_timeline(
     result: SimResult,
     num_blocks: int,
@@ -199,6 +228,11 @@ def save_timeline(
     -------
     matplotlib.figure.Figure or None
         The figure when ``path`` is ``None``, else ``None``.
+
+    Notes
+    -----
+    Below the legend, outside the axes: the prompt tokens computed and the modeled TTFT and
+    TPOT (p50 / p99) of the run's cost profile (:mod:`kvnumba.sim.cost`).
     """
     # The object-oriented API, without pyplot: no backend to choose, no global figure state
     # to clean up, and the figure displays in a notebook all the same.
@@ -225,10 +259,55 @@ def save_timeline(
     ax.set_title(title)
     # Outside the axes, so that it never hides data.
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    latency = result.latency()
+    if latency is not None:
+        ax.text(
+            1.01,
+            0.0,
+            latency_text(latency.fields()),
+            transform=ax.transAxes,
+            va="bottom",
+            ha="left",
+            fontsize="small",
+        )
     if path is None:
         return fig
     fig.savefig(path, bbox_inches="tight")
     return None
+
+
+def _ms(value) -> str:
+    """Milliseconds for a report: ``n/a`` for ``None``, one decimal below 10 s."""
+    if value is None:
+        return "n/a"
+    return f"{value:,.1f}" if value < 10_000 else f"{value:,.0f}"
+
+
+def latency_text(fields: dict) -> str:
+    """The modeled cost of a run in three lines (the timeline plot's note).
+
+    Parameters
+    ----------
+    fields : dict
+        A summary (or sweep row) holding :data:`kvnumba.sim.cost.LATENCY_FIELDS`.
+
+    Returns
+    -------
+    str
+        Prompt tokens computed, TTFT p50 / p99 and TPOT p50 / p99 in milliseconds (``n/a``
+        where a value is ``None`` or missing).
+    """
+    computed = fields.get("prefill_tokens_computed")
+    return "\n".join(
+        [
+            "modeled (cost profile):",
+            "prompt tokens computed " + ("n/a" if computed is None else f"{computed:,}"),
+            f"TTFT p50 / p99 {_ms(fields.get('ttft_p50_ms'))} / "
+            f"{_ms(fields.get('ttft_p99_ms'))} ms",
+            f"TPOT p50 / p99 {_ms(fields.get('tpot_p50_ms'))} / "
+            f"{_ms(fields.get('tpot_p99_ms'))} ms",
+        ]
+    )
 
 
 def timeline_title(trace_name: str, config: SimConfig) -> str:
@@ -252,7 +331,16 @@ SERIES_COLUMNS = (
     "max_batch",
     "step_ms",
     "limit",
+    *COST_FIELDS,
 )
+#: The value of a cost column in a row of a sweep made before the cost model.
+_NO_COST = "none (an older row)"
+
+
+def _cost_label(text):
+    return lambda v: "no cost profile" if v == _NO_COST else text(v)
+
+
 _SERIES_LABELS = {
     "sliding_window": lambda v: "no sliding window" if v is None else f"sliding window {v:,}",
     "attention_chunk_size": lambda v: "no chunks" if v is None else f"chunks of {v:,}",
@@ -262,13 +350,22 @@ _SERIES_LABELS = {
     "max_batch": lambda v: f"max batch {v}",
     "step_ms": lambda v: f"step {v:g} ms",
     "limit": lambda v: "all requests" if v is None else f"first {v:,} requests",
+    "prefill_us_per_token": _cost_label(lambda v: f"prefill {v:g} us/token"),
+    "decode_us_per_token": _cost_label(lambda v: f"decode {v:g} us/token"),
+    "step_overhead_us": _cost_label(lambda v: f"pass overhead {v:g} us"),
+    "prefill_tokens_per_step": _cost_label(
+        lambda v: "no prefill limit" if v is None else f"{v:,} prefill tokens a pass"
+    ),
 }
 
 
 def _column(row: dict, name: str):
-    """A row's value of a grid column; ``lru`` for the policy of a row that predates policies."""
+    """A row's value of a grid column; ``lru`` for the policy of a row that predates policies,
+    :data:`_NO_COST` for the cost profile of a row that predates the cost model."""
     if name == "eviction":
         return row.get(name) or "lru"
+    if name in COST_FIELDS and name not in row:
+        return _NO_COST
     return row.get(name)
 
 
@@ -284,7 +381,8 @@ def _ideal_kind(row: dict) -> str:
 
 
 def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
-    """Hit rate, preemptions and peak blocks used against pool size, one row of plots a trace.
+    """Hit rate, preemptions, peak blocks used, prompt tokens computed and modeled TTFT and
+    TPOT against pool size: two rows of plots a trace.
 
     Parameters
     ----------
@@ -310,16 +408,21 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
     the blocks its sequences still reach. A sliding window (of at least two tokens) has full
     attention's ideal; chunked local attention has its own, drawn apart: its prompts count the
     tokens below their last chunk as cached (the layer never reads them).
+
+    The second row is what the hits are worth under the rows' cost profile
+    (:mod:`kvnumba.sim.cost`): prompt tokens computed (recomputes included), and the modeled
+    TTFT and TPOT, p50 as the series' line and p99 dotted in the same color. Rows of a sweep
+    made before the cost model have no such points.
     """
     from matplotlib.figure import Figure
 
     if not rows:
         raise ValueError("no rows to plot")
     traces = list(dict.fromkeys(r["trace"] for r in rows))
-    fig = Figure(figsize=(15, 3.8 * len(traces)), dpi=100)
-    axes = fig.subplots(len(traces), 3, squeeze=False)
+    fig = Figure(figsize=(15, 7.6 * len(traces)), dpi=100)
+    axes = fig.subplots(2 * len(traces), 3, squeeze=False)
     colors = [f"C{i}" for i in range(10)]
-    for ax_row, trace in zip(axes, traces, strict=True):
+    for ax_row, cost_row, trace in zip(axes[0::2], axes[1::2], traces, strict=True):
         mine = [r for r in rows if r["trace"] == trace]
         varying = [
             c
@@ -343,6 +446,7 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
             hit.plot(x, [100 * r["prefix_hit_rate"] for r in group], **style)
             pre.plot(x, [r["preemptions"] for r in group], **style)
             peak.plot(x, [r["peak_blocks_used"] for r in group], **style)
+            _plot_cost(cost_row, group, style)
             # A pool smaller than some requests rejects them: such a point replays fewer
             # requests than the others (and than the ideal line), so it is marked.
             short = [r for r in group if r["rejected"]]
@@ -388,8 +492,28 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
         pre.set_yscale("symlog", linthresh=1)
         pre.set_ylim(bottom=0)
         peak.set(ylabel="peak blocks used", title=f"{name}: peak blocks used")
+        computed, ttft, tpot = cost_row
+        computed.set(
+            ylabel="prompt tokens computed",
+            title=f"{name}: prompt tokens computed (not cached)",
+        )
+        ttft.set(ylabel="modeled TTFT (ms)", title=f"{name}: TTFT p50, p99 dotted")
+        tpot.set(ylabel="modeled TPOT (ms)", title=f"{name}: TPOT p50, p99 dotted")
+        for ax in (ttft, tpot):
+            ys = [y for line in ax.get_lines() for y in line.get_ydata()]
+            if ys and min(ys) > 0 and max(ys) >= 10 * min(ys):
+                ax.set_yscale("log")  # a backlog makes TTFT span decades
+            elif not ys:
+                ax.text(
+                    0.02,
+                    0.97,
+                    "no modeled times in these rows",
+                    transform=ax.transAxes,
+                    va="top",
+                    fontsize="small",
+                )
         wide = pools[-1] >= 10 * pools[0]
-        for ax in ax_row:
+        for ax in (*ax_row, *cost_row):
             ax.set_xlabel("pool size (blocks)")
             if wide:
                 ax.set_xscale("log")
@@ -412,6 +536,24 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
         return fig
     fig.savefig(path, bbox_inches="tight")
     return None
+
+
+def _plot_cost(axes, group: list[dict], style: dict) -> None:
+    """Draw one series' prompt tokens computed, TTFT and TPOT (the second row of
+    :func:`plot_sweep`); rows without a value get no point."""
+    computed, ttft, tpot = axes
+    plain = {**style, "label": "_" + style["label"]}  # the legend is the hit rate panel's
+    for ax, key, dotted in (
+        (computed, "prefill_tokens_computed", None),
+        (ttft, "ttft_p50_ms", "ttft_p99_ms"),
+        (tpot, "tpot_p50_ms", "tpot_p99_ms"),
+    ):
+        for name, extra in ((key, {}), (dotted, {"ls": ":", "marker": "^", "mfc": "none"})):
+            if name is None:
+                continue
+            points = [(r["blocks"], r[name]) for r in group if r.get(name) is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), **{**plain, **extra})
 
 
 def policy_table(rows: Sequence[dict]) -> list[dict]:

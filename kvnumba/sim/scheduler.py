@@ -31,6 +31,12 @@ re-admitted with its prompt plus what it had generated): a recompute mostly hits
 released a moment before, which says nothing about prefix sharing between requests, so a hit
 rate that mixed both would rise as the pool shrinks.
 
+What a hit is worth: per step, the simulator records the prompt tokens it computed (admitted
+minus served from the cache, recomputes included) and the tokens it decoded, and per request
+the steps of its first admission and of its release; :meth:`SimResult.latency` applies the
+config's :class:`kvnumba.sim.cost.CostModel` to them (a modeled duration per step, a modeled
+clock, TTFT and TPOT per request) without changing the schedule.
+
 A windowed config (``SimConfig.sliding_window`` or ``attention_chunk_size``, see
 ``docs/windows.md``) builds a windowed manager: blocks leave a sequence as it decodes past them
 (their table entries become ``NULL_BLOCK``) and a prompt's hit needs only its last window or
@@ -56,6 +62,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvnumba.eviction import HINDSIGHT_POLICIES, policy_code
+from kvnumba.sim.cost import (
+    DEFAULT_COST,
+    LATENCY_FIELDS,
+    CostModel,
+    Latency,
+    model_latency,
+    step_starts,
+)
 from kvnumba.sim.hindsight import Hints
 from kvnumba.sim.ideal import BlockKeys, block_keys
 from kvnumba.sim.traces import Request, output_tokens
@@ -168,6 +182,10 @@ class SimConfig:
     attention_chunk_size : int or None
         Chunked local attention, chunks of this many tokens (a multiple of ``block_size``);
         ``None`` for none. At most one of the two is set (the manager refuses both).
+    cost : CostModel
+        The cost model that times the replay's steps (:mod:`kvnumba.sim.cost`); it changes no
+        decision of the replay, only the modeled TTFT and TPOT. Default
+        :data:`kvnumba.sim.cost.DEFAULT_COST`, an assumed profile.
     """
 
     num_blocks: int | None = None
@@ -180,6 +198,7 @@ class SimConfig:
     eviction: str = "lru"
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    cost: CostModel = DEFAULT_COST
 
     @property
     def windowed(self) -> bool:
@@ -200,6 +219,14 @@ class SimResult:
 
     Per-request arrays are indexed by :attr:`Request.index`; per-step arrays have one entry per
     simulated step (idle stretches are skipped, ``steps`` holds the step numbers).
+
+    What the cost model needs (:meth:`latency`) is recorded per step and per request:
+    ``prefill_computed`` (per step: prompt tokens admitted minus those served from the cache,
+    recomputes included), ``decoded`` (per step: sequences that decoded a token),
+    ``first_admit_index`` and ``finish_index`` (per request: the index into the per-step arrays
+    of the step of its first admission and of the step that released it after its last output
+    token; -1 if none), ``arrival_ms`` and ``output_len`` (per request, from the trace) and
+    ``cost`` (the config's :class:`kvnumba.sim.cost.CostModel`).
     """
 
     requests: int
@@ -227,6 +254,13 @@ class SimResult:
     # blocks cannot be read).
     unreachable: np.ndarray | None = field(default=None, repr=False)
     unreachable_cached: np.ndarray | None = field(default=None, repr=False)
+    prefill_computed: np.ndarray | None = field(default=None, repr=False)  # int64 per step
+    decoded: np.ndarray | None = field(default=None, repr=False)  # int64 per step
+    first_admit_index: np.ndarray | None = field(default=None, repr=False)  # int64 per request
+    finish_index: np.ndarray | None = field(default=None, repr=False)  # int64 per request
+    arrival_ms: np.ndarray | None = field(default=None, repr=False)  # float64 per request
+    output_len: np.ndarray | None = field(default=None, repr=False)  # int64 per request
+    cost: CostModel = DEFAULT_COST
 
     @property
     def time_s(self) -> np.ndarray:
@@ -265,6 +299,33 @@ class SimResult:
         """Admitted tokens served from the prefix cache, recomputes included (the old figure)."""
         return self.cached_tokens / self.admitted_tokens if self.admitted_tokens else 0.0
 
+    def latency(self, cost: CostModel | None = None) -> Latency | None:
+        """The modeled clock, TTFT and TPOT of this run (:mod:`kvnumba.sim.cost`).
+
+        Parameters
+        ----------
+        cost : CostModel, optional
+            The profile; default :attr:`cost`, the run's config's. Another profile re-times
+            the same schedule without replaying it.
+
+        Returns
+        -------
+        kvnumba.sim.cost.Latency or None
+            ``None`` for a result without the per-step records.
+        """
+        if self.prefill_computed is None or self.decoded is None or self.arrival_ms is None:
+            return None
+        return model_latency(
+            self.cost if cost is None else cost,
+            step_start_ms=step_starts(self.steps, self.step_ms, self.arrival_ms, ~self.rejected),
+            prefill_tokens=self.prefill_computed,
+            decoded=self.decoded,
+            arrival_ms=self.arrival_ms,
+            output_len=self.output_len,
+            first_admit_index=self.first_admit_index,
+            finish_index=self.finish_index,
+        )
+
     def unreachable_fields(self) -> dict:
         """The census of unreachable cached blocks (see :mod:`kvnumba.sim.unreachable`).
 
@@ -300,14 +361,20 @@ class SimResult:
 
         ``eviction`` names the policy. ``prefix_hit_rate`` counts first admissions only;
         ``recompute_tokens`` and ``recompute_cached_tokens`` are the re-admissions of preempted
-        requests, and ``prefix_hit_rate_incl_recompute`` is the hit rate over both. The
-        ``unreachable_*`` fields are :meth:`unreachable_fields`. ``replay_s`` is the replay
-        loop's wall time only.
+        requests, and ``prefix_hit_rate_incl_recompute`` is the hit rate over both.
+        ``prefill_tokens_computed`` (prompt tokens not served from the cache, recomputes
+        included) and the modeled ``ttft_p50_ms``, ``ttft_p99_ms``, ``tpot_p50_ms`` and
+        ``tpot_p99_ms`` follow: :meth:`kvnumba.sim.cost.Latency.fields` of :meth:`latency`
+        (``None`` without the per-step records). The ``unreachable_*`` fields are
+        :meth:`unreachable_fields`. ``replay_s`` is the replay loop's wall time only.
         """
         us = self.alloc_ns / 1000.0 if self.alloc_ns.size else np.zeros(1)
 
         def stat(a: np.ndarray, f) -> float:
             return float(f(a)) if a.size else 0.0
+
+        latency = self.latency()
+        modeled = dict.fromkeys(LATENCY_FIELDS) if latency is None else latency.fields()
 
         return {
             "eviction": self.eviction,
@@ -320,6 +387,7 @@ class SimResult:
             "recompute_tokens": self.recompute_tokens,
             "recompute_cached_tokens": self.recompute_cached,
             "prefix_hit_rate_incl_recompute": round(self.prefix_hit_rate_incl_recompute, 4),
+            **modeled,
             "steps": int(self.steps.size),
             "peak_blocks_used": int(stat(self.used, np.max)),
             "mean_blocks_used": round(stat(self.used, np.mean), 1),
@@ -389,6 +457,7 @@ class Simulator:
             or cfg.block_size < 1
             or cfg.blocks < 1
             or not (math.isfinite(cfg.step_ms) and cfg.step_ms > 0)
+            or not isinstance(cfg.cost, CostModel)
         ):
             raise ValueError(f"invalid simulation config {cfg}")
         policy_code(cfg.eviction, hindsight=True)  # ValueError naming the known policies
@@ -463,6 +532,10 @@ class Simulator:
         served = np.zeros(n, np.int64)
         preempted = np.zeros(n, np.int64)
         rejected = np.zeros(n, bool)
+        # For the cost model: per request, the index (into the per-step lists) of the step of
+        # its first admission and of the step that released it after its last token.
+        first_admit_at = np.full(n, -1, np.int64)
+        finish_at = np.full(n, -1, np.int64)
         queue: deque[int] = deque()
         token_cache: dict[int, np.ndarray] = {}  # materialized prompts of queued requests
 
@@ -473,6 +546,7 @@ class Simulator:
         r_left = np.zeros(0, np.int64)
 
         steps, used, cached, running, waiting, alloc = [], [], [], [], [], []
+        computed, decoded = [], []  # per step: prompt tokens computed, tokens decoded
         admitted_tokens = cached_tokens = first_tokens = first_cached = cow = 0
         # After an admit that admitted nothing: (its prompts, the free + cached blocks any of
         # them needs at least). Until the pool has that many, the same prompts are not offered.
@@ -496,6 +570,7 @@ class Simulator:
                 step = max(step, int(arrival_step[p]))  # skip the idle stretch
             step_ns = 0
             finished_now = 0
+            computed_now = decoded_now = 0
 
             # 1. arrivals
             q = int(np.searchsorted(arrival_step, step, side="right"))
@@ -519,6 +594,7 @@ class Simulator:
                     atomic=False,
                 )
                 good = pos[res.ok]
+                decoded_now += good.size
                 r_len[good] += 1
                 r_left[good] -= 1
                 need[good] = False
@@ -530,6 +606,7 @@ class Simulator:
                 i = int(r_req[v])
                 if r_left[v] == 0:  # it just produced its last token: finished, not preempted
                     served[i] += 1
+                    finish_at[i] = len(steps)
                     finished_now += 1
                 else:
                     generated[i] = r_len[v] - prompt[i]
@@ -548,6 +625,7 @@ class Simulator:
             if done.any():
                 timed(mgr.release, r_id[done])
                 served[r_req[done]] += 1
+                finish_at[r_req[done]] = len(steps)
                 finished_now += int(done.sum())
                 keep = ~done
                 r_id, r_req, r_len, r_left = r_id[keep], r_req[keep], r_len[keep], r_left[keep]
@@ -576,13 +654,16 @@ class Simulator:
                     win = np.asarray(window, np.int64)
                     adm = win[ok]
                     hits = np.asarray(res.num_cached_tokens)
-                    admitted_tokens += int(lengths[ok].sum())
-                    cached_tokens += int(hits[ok].sum())
+                    admitted_now, cached_now = int(lengths[ok].sum()), int(hits[ok].sum())
+                    admitted_tokens += admitted_now
+                    cached_tokens += cached_now
+                    computed_now += admitted_now - cached_now
                     first = ok & ~admitted_once[win]
                     first_tokens += int(lengths[first].sum())
                     first_cached += int(hits[first].sum())
                     admit_order += win[first].tolist()  # in window order, as admit served them
                     admitted_once[win[first]] = True
+                    first_admit_at[win[first]] = len(steps)
                     for _ in window:
                         queue.popleft()
                     queue.extendleft(reversed(win[~ok].tolist()))  # failed ones keep their place
@@ -620,6 +701,8 @@ class Simulator:
             running.append(r_id.size)
             waiting.append(len(queue))
             alloc.append(step_ns)
+            computed.append(computed_now)
+            decoded.append(decoded_now)
             if finished_now and self.progress is not None:
                 self.progress(finished_now)
             step += 1
@@ -650,6 +733,13 @@ class Simulator:
             eviction=cfg.eviction,
             unreachable=None if census is None else np.asarray(census.unreachable, np.int64),
             unreachable_cached=None if census is None else np.asarray(census.cached, np.int64),
+            prefill_computed=np.asarray(computed, np.int64),
+            decoded=np.asarray(decoded, np.int64),
+            first_admit_index=first_admit_at,
+            finish_index=finish_at,
+            arrival_ms=arrival,
+            output_len=output,
+            cost=cfg.cost,
         )
 
     def _reach(self, available: int, tokens: np.ndarray, lengths: np.ndarray) -> int:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from kvnumba.eviction import SIMULATOR_POLICIES
-from kvnumba.sim.cli import interrupted
+from kvnumba.sim.cli import add_cost_options, interrupted
 from kvnumba.sim.scheduler import DEFAULT_MAX_SEQ_LEN, DEFAULT_STEP_MS
 
 EXIT_FAILED = 1
@@ -23,7 +23,9 @@ EPILOG = """\
 Each list option takes comma-separated values and may be repeated; a grid file (--config,
 TOML) sets the same keys (traces, blocks, block_size, prefix_caching, eviction, sliding_window,
 attention_chunk_size, max_batch, step_ms, limit, max_seq_len, max_prefill_tokens, out,
-scheduler, workers), and options given on the command line win. Example grid file:
+scheduler, workers; the cost profile's prefill_us_per_token, decode_us_per_token,
+step_overhead_us and prefill_tokens_per_step), and options given on the command line win.
+Example grid file:
 
     traces = ["mooncake", "azure"]
     limit = 1000
@@ -71,6 +73,10 @@ CONFIG_KEYS = {
     "limit": "limit",
     "max_seq_len": "max_seq_len",
     "max_prefill_tokens": "max_prefill_tokens",
+    "prefill_us_per_token": "prefill_us_per_token",
+    "decode_us_per_token": "decode_us_per_token",
+    "step_overhead_us": "step_overhead_us",
+    "prefill_tokens_per_step": "prefill_tokens_per_step",
     "out": "out",
     "scheduler": "scheduler",
     "workers": "n_workers",
@@ -92,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(traces x pool sizes x block sizes x prefix caching x eviction policies x sliding\n"
         "windows x attention chunk sizes x max batch x step length), one Dask task per\n"
         "simulation, one table row per simulation; then\n"
-        "plot hit rate, preemptions and peak blocks used against pool size.",
+        "plot hit rate, preemptions, peak blocks used, prompt tokens computed and the\n"
+        "modeled TTFT and TPOT against pool size.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -133,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-seq-len", metavar="N", help=f"longest sequence (default {DEFAULT_MAX_SEQ_LEN})"
     )
     p.add_argument("--max-prefill-tokens", metavar="N", help="prompt tokens per admit call")
+    add_cost_options(p, parse=False)
     p.add_argument(
         "--out",
         type=Path,
@@ -173,6 +181,18 @@ def _window(text, flag: str) -> int | None:
     if isinstance(text, str) and text.strip().lower() in ("none", "off", "full"):
         return None
     if isinstance(text, bool):  # TOML's true is not a window
+        raise UsageError(f"{flag}: {text!r} is not an integer or none")
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"{flag}: {text!r} is not an integer or none") from None
+
+
+def _token_limit(text, flag: str) -> int | None:
+    """The cost model's prompt tokens per pass; ``none`` for no limit."""
+    if isinstance(text, str) and text.strip().lower() == "none":
+        return None
+    if isinstance(text, bool):  # TOML's true is not a token count
         raise UsageError(f"{flag}: {text!r} is not an integer or none")
     try:
         return int(text)
@@ -242,6 +262,10 @@ def read_grid_file(path: Path) -> dict:
         if key in kwargs:
             w = kwargs[key]
             kwargs[key] = [_window(x, key) for x in (w if isinstance(w, list) else [w])]
+    if "prefill_tokens_per_step" in kwargs:  # "none": no limit
+        kwargs["prefill_tokens_per_step"] = _token_limit(
+            kwargs["prefill_tokens_per_step"], "prefill_tokens_per_step"
+        )
     if "out" in kwargs:
         kwargs["out"] = Path(kwargs["out"])
     return kwargs
@@ -288,6 +312,13 @@ def grid_arguments(args: argparse.Namespace) -> dict:
             kwargs[key] = _int(getattr(args, attr), "--" + attr.replace("_", "-"))
     if args.max_prefill_tokens is not None:
         kwargs["max_prefill_tokens"] = _int(args.max_prefill_tokens, "--max-prefill-tokens")
+    for attr in ("prefill_us_per_token", "decode_us_per_token", "step_overhead_us"):
+        if getattr(args, attr) is not None:
+            kwargs[attr] = _float(getattr(args, attr), "--" + attr.replace("_", "-"))
+    if args.prefill_tokens_per_step is not None:
+        kwargs["prefill_tokens_per_step"] = _token_limit(
+            args.prefill_tokens_per_step, "--prefill-tokens-per-step"
+        )
     if args.workers is not None:
         kwargs["n_workers"] = _int(args.workers, "--workers")
         if kwargs["n_workers"] is None or kwargs["n_workers"] < 1:
@@ -317,12 +348,31 @@ def _attention(row: dict) -> str:
     return "full"
 
 
+def _computed(row: dict) -> str:
+    # Rows of older sweeps have no cost model fields.
+    value = row.get("prefill_tokens_computed")
+    if value is None:
+        return "n/a"
+    return f"{value / 1e6:,.2f}M" if value >= 1_000_000 else f"{value:,}"
+
+
+def _p50_p99(row: dict, name: str) -> str:
+    values = [row.get(f"{name}_p50_ms"), row.get(f"{name}_p99_ms")]
+    if all(v is None for v in values):
+        return "n/a"
+    return "/".join("n/a" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.1f}" for v in values)
+
+
 def format_rows(rows: list[dict]) -> str:
-    """A compact table of sweep rows: config, hit rates, preemptions, peak blocks, time.
+    """A compact table of sweep rows: config, hit rates, modeled cost, preemptions, peak
+    blocks, time.
 
     ``unreachable`` is the mean count of cached blocks no prompt could hit (see
     :mod:`kvnumba.sim.unreachable`; ``n/a`` for a windowed run). ``window`` is the attention
-    kind: ``full``, ``sw W`` (sliding window of ``W`` tokens) or ``chunk C``.
+    kind: ``full``, ``sw W`` (sliding window of ``W`` tokens) or ``chunk C``. ``computed`` is
+    the prompt tokens computed (not served from the cache, recomputes included), ``ttft ms``
+    and ``tpot ms`` the modeled p50/p99 under the rows' cost profile (:mod:`kvnumba.sim.cost`);
+    ``n/a`` for rows of a sweep made before the cost model.
 
     Parameters
     ----------
@@ -335,6 +385,7 @@ def format_rows(rows: list[dict]) -> str:
     """
     head = ["trace", "blocks", "bs", "caching", "eviction", "window", "batch", "step", "hit"]
     head += ["ideal"]
+    head += ["computed", "ttft ms", "tpot ms"]
     head += ["preempt"]
     head += ["rejected", "peak used", "evictions", "unreachable", "replay s"]
     table = [head]
@@ -352,6 +403,9 @@ def format_rows(rows: list[dict]) -> str:
                 f"{r['step_ms']:g}",
                 f"{r['prefix_hit_rate']:.1%}",
                 "n/a" if ideal is None else f"{ideal:.1%}",
+                _computed(r),
+                _p50_p99(r, "ttft"),
+                _p50_p99(r, "tpot"),
                 f"{r['preemptions']:,}",
                 f"{r['rejected']:,}",
                 f"{r['peak_blocks_used']:,}",
@@ -433,6 +487,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if result.rows:
         print(format_rows(result.rows))
+        from kvnumba.sim.cost import COST_FIELDS, CostModel
+        from kvnumba.sim.report import cost_label
+
+        profiles = {
+            tuple(r[c] for c in COST_FIELDS)
+            for r in result.rows
+            if all(c in r for c in COST_FIELDS)
+        }
+        if len(profiles) == 1:
+            print(f"modeled ttft and tpot: {cost_label(CostModel(*profiles.pop()))}")
         if len({r.get("eviction") or "lru" for r in result.rows}) > 1:
             from kvnumba.sim.report import format_policy_table, policy_table
 

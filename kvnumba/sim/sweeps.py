@@ -11,6 +11,11 @@ folder at once, so an interrupted sweep loses only the simulations that were run
 again and the points whose key is already in ``results.jsonl`` are skipped, not re-run. A row
 holds the config columns, every field of ``kvnumba simulate --json`` and the point's ``key``.
 
+The cost model's profile (:mod:`kvnumba.sim.cost`: ``prefill_us_per_token``,
+``decode_us_per_token``, ``step_overhead_us``, ``prefill_tokens_per_step``) is a fixed setting
+of a sweep, not a grid dimension; it is part of every point (and of its key), so a sweep run
+again with another profile re-runs its points.
+
 Kernels are compiled (or loaded from the numba cache) in the client before any task is
 submitted (:func:`warm_kernels`), so workers that share its file system and ``NUMBA_CACHE_DIR``
 only load them; a worker on another machine compiles once, on its first task.
@@ -38,6 +43,7 @@ import numpy as np
 
 from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
 from kvnumba.sim._progress import progress_bar
+from kvnumba.sim.cost import DEFAULT_COST, CostModel
 from kvnumba.sim.ideal import BlockKeys, block_keys
 from kvnumba.sim.report import result_fields
 from kvnumba.sim.scheduler import (
@@ -108,6 +114,11 @@ class SweepPoint:
     attention_chunk_size : int or None
         Chunked local attention, chunks of this many tokens; ``None`` for none. At most one of
         the two is set.
+    prefill_us_per_token, decode_us_per_token, step_overhead_us : float
+        The cost model's profile (:class:`kvnumba.sim.cost.CostModel`); default
+        :data:`kvnumba.sim.cost.DEFAULT_COST`'s.
+    prefill_tokens_per_step : int or None
+        The cost model's prompt tokens per forward pass; ``None`` for no limit.
     """
 
     trace: str
@@ -122,6 +133,10 @@ class SweepPoint:
     max_prefill_tokens: int | None
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    prefill_us_per_token: float = DEFAULT_COST.prefill_us_per_token
+    decode_us_per_token: float = DEFAULT_COST.decode_us_per_token
+    step_overhead_us: float = DEFAULT_COST.step_overhead_us
+    prefill_tokens_per_step: int | None = DEFAULT_COST.prefill_tokens_per_step
 
     @property
     def key(self) -> str:
@@ -147,6 +162,17 @@ class SweepPoint:
             eviction=self.eviction,
             sliding_window=self.sliding_window,
             attention_chunk_size=self.attention_chunk_size,
+            cost=self.cost,
+        )
+
+    @property
+    def cost(self) -> CostModel:
+        """The :class:`kvnumba.sim.cost.CostModel` of this point."""
+        return CostModel(
+            prefill_us_per_token=self.prefill_us_per_token,
+            decode_us_per_token=self.decode_us_per_token,
+            step_overhead_us=self.step_overhead_us,
+            prefill_tokens_per_step=self.prefill_tokens_per_step,
         )
 
 
@@ -210,6 +236,10 @@ def _optional(check: Callable[[object], bool]) -> Callable[[object], bool]:
     return lambda v: v is None or check(v)
 
 
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
 def _finite_positive(v) -> bool:
     real = isinstance(v, numbers.Real) and not isinstance(v, bool)
     return real and math.isfinite(v) and v > 0
@@ -229,6 +259,10 @@ def make_grid(
     max_prefill_tokens: int | None = None,
     sliding_window: int | None | Sequence[int | None] = None,
     attention_chunk_size: int | None | Sequence[int | None] = None,
+    prefill_us_per_token: float = DEFAULT_COST.prefill_us_per_token,
+    decode_us_per_token: float = DEFAULT_COST.decode_us_per_token,
+    step_overhead_us: float = DEFAULT_COST.step_overhead_us,
+    prefill_tokens_per_step: int | None = DEFAULT_COST.prefill_tokens_per_step,
 ) -> list[SweepPoint]:
     """Validate a grid and list its points (trace-major, pool sizes innermost).
 
@@ -253,6 +287,11 @@ def make_grid(
         entry) is full attention. A manager serves one kind, so a combination of a sliding
         window with a chunk size is no point of the grid (``[None, 1024]`` x ``[None, 8192]``
         is three points: full, sliding, chunked).
+    prefill_us_per_token, decode_us_per_token, step_overhead_us : float
+        The cost model's profile (:class:`kvnumba.sim.cost.CostModel`, finite and >= 0; not
+        grid dimensions): what the modeled TTFT and TPOT of every row assume.
+    prefill_tokens_per_step : int or None
+        The cost model's prompt tokens per forward pass (>= 1; ``None`` for no limit).
 
     Returns
     -------
@@ -325,6 +364,20 @@ def make_grid(
         if not check(value):
             raise GridError(f"{name} must be an integer >= 1, got {value!r}")
         scalars[name] = _plain(value)
+    for name, value in (
+        ("prefill_us_per_token", prefill_us_per_token),
+        ("decode_us_per_token", decode_us_per_token),
+        ("step_overhead_us", step_overhead_us),
+    ):
+        if not (_is_real(value) and math.isfinite(value) and value >= 0):
+            raise GridError(f"{name} must be a finite number >= 0, got {value!r}")
+        scalars[name] = float(value)
+    if not _optional(_positive_int)(prefill_tokens_per_step):
+        raise GridError(
+            f"prefill_tokens_per_step must be an integer >= 1 or None, got "
+            f"{prefill_tokens_per_step!r}"
+        )
+    scalars["prefill_tokens_per_step"] = _plain(prefill_tokens_per_step)
     points: dict[str, SweepPoint] = {}
     for trace, bs, pc, mb, st, ev, (sw, ch), nb in itertools.product(
         trace_ids, sizes, caching, batches, steps, policies, kinds, pools
@@ -644,6 +697,10 @@ def sweep(
     max_prefill_tokens: int | None = None,
     sliding_window: int | None | Sequence[int | None] = None,
     attention_chunk_size: int | None | Sequence[int | None] = None,
+    prefill_us_per_token: float = DEFAULT_COST.prefill_us_per_token,
+    decode_us_per_token: float = DEFAULT_COST.decode_us_per_token,
+    step_overhead_us: float = DEFAULT_COST.step_overhead_us,
+    prefill_tokens_per_step: int | None = DEFAULT_COST.prefill_tokens_per_step,
     out: str | os.PathLike | None = None,
     scheduler=None,
     n_workers: int | None = None,
@@ -655,8 +712,9 @@ def sweep(
     Parameters
     ----------
     traces, blocks, block_sizes, prefix_caching, eviction, max_batch, step_ms, limit, \
-max_seq_len, max_prefill_tokens, sliding_window, attention_chunk_size
-        The grid; see :func:`make_grid`.
+max_seq_len, max_prefill_tokens, sliding_window, attention_chunk_size, prefill_us_per_token, \
+decode_us_per_token, step_overhead_us, prefill_tokens_per_step
+        The grid and the cost profile; see :func:`make_grid`.
     out : str or path-like, optional
         Output folder: rows are appended to ``results.jsonl`` and ``results.csv`` as each task
         finishes, and points already there are skipped (resume). ``None`` keeps rows in memory.
@@ -700,6 +758,10 @@ max_seq_len, max_prefill_tokens, sliding_window, attention_chunk_size
         max_prefill_tokens=max_prefill_tokens,
         sliding_window=sliding_window,
         attention_chunk_size=attention_chunk_size,
+        prefill_us_per_token=prefill_us_per_token,
+        decode_us_per_token=decode_us_per_token,
+        step_overhead_us=step_overhead_us,
+        prefill_tokens_per_step=prefill_tokens_per_step,
     )
     check_traces(points)
     store = ResultStore(out) if out is not None else None
