@@ -254,6 +254,7 @@ def validated_geometry(
     kv_cache_groups=None,
     window_release="append",
     cache_duplicates=False,
+    priority_leaves=False,
 ) -> Geometry:
     """The validated :class:`Geometry` of a new manager.
 
@@ -314,6 +315,7 @@ def validated_geometry(
         groups=groups,
         explicit_release=window_release == "explicit",
         cache_duplicates=cache_duplicates,
+        priority_leaves=bool(priority_leaves),
     )
 
 

@@ -2,13 +2,15 @@
 
 The policy itself lives in the kernels (``_kernels/eviction.py``) and in the state arena; a
 manager built with a policy other than LRU binds the kernels' policy versions
-(:class:`~kvnumba._kernel_set.KernelSet`). This part answers ``mgr.eviction`` and serves
-``set_next_use``, the hints of the simulator's hindsight policy.
+(:class:`~kvnumba._kernel_set.KernelSet`). This part answers ``mgr.eviction``, serves
+``set_next_use`` (the hints of the simulator's hindsight policy and of priority policies) and
+``set_tags``, and gives a priority policy's compiled function to this process's kernels.
 """
 
 from __future__ import annotations
 
-from kvnumba.eviction import SIMULATOR_POLICIES, check_next_use
+from kvnumba._state import S_PRIORITY_FN
+from kvnumba.eviction import BUILTIN_POLICIES, HINDSIGHT_POLICIES, check_next_use, check_tags
 from kvnumba.inputs import index_array
 
 
@@ -23,17 +25,26 @@ class EvictionPolicy:
         The manager's arenas.
     kernels : KernelSet
         The manager's kernels.
+    priority : PriorityPolicy or None
+        The manager's priority policy, if it has one.
     """
 
-    __slots__ = ("name", "num_blocks", "arenas", "kernels")
+    __slots__ = ("name", "num_blocks", "arenas", "kernels", "priority")
 
-    def __init__(self, geometry, arenas, kernels):
-        self.name = SIMULATOR_POLICIES[geometry.eviction]
+    def __init__(self, geometry, arenas, kernels, priority=None):
+        self.priority = priority
+        if priority is not None:
+            self.name = priority.name
+            # The kernels call the priority through its address in this process.
+            arenas.scr[S_PRIORITY_FN] = priority.address()
+        else:
+            self.name = (BUILTIN_POLICIES + HINDSIGHT_POLICIES)[geometry.eviction]
         self.num_blocks, self.arenas, self.kernels = geometry.num_blocks, arenas, kernels
 
     def set_next_use(self, block_ids, next_use) -> None:
-        """The simulator's ``oracle`` policy: the trace position of the next use of each
-        block's content (-1: never). ``ValueError`` on a manager with another policy.
+        """Hints of the next use of each block's content: the trace position of the next request
+        that uses it (-1: never). For the simulator's ``oracle`` policy and for priority
+        policies (their ``next_use`` feature); ``ValueError`` on a manager with another policy.
 
         Parameters
         ----------
@@ -41,5 +52,19 @@ class EvictionPolicy:
             Blocks of the pool, and the position of the next request that uses each one.
         """
         blocks, uses = index_array(block_ids, "block_ids"), index_array(next_use, "next_use")
-        check_next_use(self.name, self.num_blocks, blocks, uses)
+        check_next_use(self.name, self.num_blocks, blocks, uses, priority=self.priority is not None)
         self.kernels.k_set_next_use(blocks, uses, *self.arenas.args)
+
+    def set_tags(self, block_ids, tags) -> None:
+        """Tag blocks for a priority policy (its ``tag`` feature): a conversation, a tenant, a
+        priority class; a block's tag is 0 when it is registered. ``ValueError`` on a manager
+        with another policy.
+
+        Parameters
+        ----------
+        block_ids, tags : integer array-likes of equal length
+            Blocks of the pool, and the tag of each.
+        """
+        blocks, values = index_array(block_ids, "block_ids"), index_array(tags, "tags")
+        check_tags(self.name, self.num_blocks, blocks, values, priority=self.priority is not None)
+        self.kernels.k_set_tags(blocks, values, *self.arenas.args)

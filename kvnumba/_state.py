@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kvnumba.eviction import PRIORITY_CODE
 from kvnumba.ids import slot_bits
 
 # --- sentinels -----------------------------------------------------------------------------------
@@ -89,12 +90,22 @@ M_EXPLICIT_RELEASE = M_GROUP_CHUNK + MAX_GROUPS
 # 1: ``cache_duplicates``: a full block whose key is registered already is registered too (after
 # the first, which lookups find while it stays), so it is cached when released, as vLLM does.
 M_CACHE_DUPLICATES = M_EXPLICIT_RELEASE + 1
+# A priority policy (``kvnumba.priority``): 1 if only leaves of the cached prefix forest are
+# candidates (the heap holds leaves only), 0 if every cached block is.
+M_PRIORITY_LEAVES = M_CACHE_DUPLICATES + 1
 
 # --- columns of the eviction policies' per-block fields (``pol_words``, ``pol_links``) ------------
-W_VALUE = 0  # lfu, sieve: hits since registration; oracle: the next use (-1: never)
+W_VALUE = 0  # lfu, sieve, priority: hits since registration; oracle: the next use (-1: never)
 W_KEY = 1  # heap priority of a cached block
 W_STAMP = 2  # release stamp of a cached block
 POL_WORDS = 3
+# A priority policy's blocks have four words more (the other policies' rows stay 3 wide: the
+# width is the field's second dimension, read from the arena header).
+W_HINT = 3  # the next-use hint (``set_next_use``; -1: none)
+W_TAG = 4  # the caller's tag (``set_tags``; 0 when registered)
+W_LENGTH = 5  # tokens of the sequence whose release cached the block, at that release
+W_DEPTH = 6  # the block's position in its sequence when it was registered
+PRIORITY_POL_WORDS = 7
 L_HEAP = 0  # the heap of evictable blocks, by position
 L_POS = 1  # a block's position in the heap, or -1
 L_PARENT = 2  # parent in the cached prefix forest (-1: a root; -2: its parent was gone)
@@ -104,7 +115,7 @@ L_KID = 5  # first listed cached child, or -1
 L_SIB_PREV = 6  # back link among a parent's cached children
 L_SIB_NEXT = 7  # forward link among them
 POL_LINKS = 8
-META_SIZE = M_CACHE_DUPLICATES + 1
+META_SIZE = M_PRIORITY_LEAVES + 1
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
 S_LOG_N = 0  # undo-log entries written in this call
@@ -118,7 +129,13 @@ S_UNMAP_N = 7  # pages unmapped in this call (records in unmap_rec)
 S_SAVED_PAYLOAD = 8  # S_EV_PAYLOAD before a logged give-up switched it on
 S_SHORT = 9  # blocks a failed call lacked at its failure point (what sibling reclaim must add)
 S_EVT_N = 10  # block events recorded and not yet collected by the facade (rows of ``evt``)
-SCR_SIZE = 16
+# A priority policy's compiled priority: its address in this process (set by the facade, never
+# part of the state), and the tokens of the sequence being released (the ``length`` feature).
+S_PRIORITY_FN = 11
+S_RELEASE_LEN = 12
+# The feature record a priority is called with (``kvnumba.priority.BlockFeatures``, in order).
+S_FEATURES = 16
+SCR_SIZE = 32
 
 # --- columns of the scratch records ----------------------------------------------------------------
 REC_PHYSICAL, REC_VIRTUAL = 0, 1  # map_rec / unmap_rec rows: (physical page, virtual page)
@@ -372,6 +389,8 @@ class Geometry(NamedTuple):
         ``window_release="explicit"``: only ``release_window`` releases out-of-window blocks.
     cache_duplicates : bool
         Register a full block even when an equal block is registered (``cache_duplicates``).
+    priority_leaves : bool
+        A priority policy whose candidates are the leaves of the cached prefix forest.
     """
 
     num_blocks: int
@@ -389,6 +408,7 @@ class Geometry(NamedTuple):
     groups: tuple = ((0, 0),)
     explicit_release: bool = False
     cache_duplicates: bool = False
+    priority_leaves: bool = False
 
     @property
     def windowed(self) -> bool:
@@ -465,7 +485,7 @@ def state_dims(g: Geometry) -> dict[str, int]:
         "paged_blocks": g.num_blocks if k else 0,
         "blocks_per_page": k,
         "policy_blocks": g.num_blocks if g.eviction else 0,
-        "pol_words": POL_WORDS,
+        "pol_words": PRIORITY_POL_WORDS if g.eviction == PRIORITY_CODE else POL_WORDS,
         "pol_links": POL_LINKS,
     }
 
@@ -523,6 +543,7 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
     meta[M_WINDOWS] = 1 if len(g.groups) > 1 or any(map(any, g.groups)) else 0
     meta[M_EXPLICIT_RELEASE] = 1 if g.explicit_release else 0
     meta[M_CACHE_DUPLICATES] = 1 if g.cache_duplicates else 0
+    meta[M_PRIORITY_LEAVES] = 1 if g.priority_leaves else 0
     if g.eviction:
         for column in (L_POS, L_PARENT, L_KID, L_SIB_PREV, L_SIB_NEXT):
             state.pol_links[:, column] = NIL

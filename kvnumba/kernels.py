@@ -75,6 +75,8 @@ SIGNATURES = {
     "k_admit_keys_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _KEYS, _VEC, _VEC),
     # The simulator's hindsight policy (``oracle``): the next use of given blocks.
     "k_set_next_use": (_VEC, _VEC),
+    # A priority policy's per-block tags.
+    "k_set_tags": (_VEC, _VEC),
 }
 #: Kernels a manager loads on first use even on a page pool (``manager._kernel``): rarely
 #: called, they would lengthen every paged manager's first construction.
@@ -94,10 +96,11 @@ LAZY = frozenset(
         "k_admit_one_keys",
         "k_lookup_one_keys",
         "k_set_next_use",
+        "k_set_tags",
     }
 )
 #: Kernels that exist only for a manager whose eviction policy is not LRU.
-POLICY_ONLY = frozenset({"k_set_next_use"})
+POLICY_ONLY = frozenset({"k_set_next_use", "k_set_tags"})
 #: Every kernel an LRU manager can call (``kvnumba compile``).
 LRU = tuple(name for name in SIGNATURES if name not in POLICY_ONLY)
 #: The one-request kernels (``append_one``, ``admit_one``): never run on a page pool; they take

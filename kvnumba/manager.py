@@ -36,7 +36,7 @@ from kvnumba._pipeline import CallPipeline, Facts, part_call
 from kvnumba._policy import EvictionPolicy
 from kvnumba._state import M_LIVE_SEQS, S_FAILED
 from kvnumba._virtual_pages import PageSide
-from kvnumba.eviction import policy_code
+from kvnumba.eviction import PRIORITY_CODE, policy_code
 from kvnumba.ids import new_tag
 from kvnumba.inputs import (
     CAP_NONE,
@@ -49,6 +49,7 @@ from kvnumba.inputs import (
     prompt_arrays,
     switch,
 )
+from kvnumba.priority import resolve as resolve_priority
 from kvnumba.results import AdmitResult, AppendResult, Stats
 from kvnumba.windows import KVCacheGroup
 
@@ -104,8 +105,10 @@ class BlockManager:
         :meth:`set_keys`) instead of chained token hashes.
     block_events : bool, default False
         Record stored/removed block events, drained by :meth:`take_events`.
-    eviction : str, default "lru"
-        The eviction policy, one of ``kvnumba.EVICTION_POLICIES`` (``docs/eviction.md``).
+    eviction : str or PriorityPolicy, default "lru"
+        The eviction policy: a name of ``kvnumba.EVICTION_POLICIES``, a
+        :class:`kvnumba.priority.PriorityPolicy` of your own, or ``"module:attribute"`` naming
+        one (``docs/eviction.md``).
     sliding_window : int, optional
         Sliding-window attention of ``W`` tokens: blocks no later token can reach leave each
         sequence as it grows, and a prompt's hit needs only its last window
@@ -150,7 +153,7 @@ class BlockManager:
         reserved_blocks: int = 0,
         block_keys: bool = False,
         block_events: bool = False,
-        eviction: str = "lru",
+        eviction="lru",
         sliding_window: int | None = None,
         attention_chunk_size: int | None = None,
         kv_cache_groups=None,
@@ -162,6 +165,8 @@ class BlockManager:
         switches = {"prefix_caching": prefix_caching, "block_keys": block_keys}
         switches["block_events"] = block_events
         switches["eviction"] = policy_code(eviction, hindsight=_hindsight)
+        priority = resolve_priority(eviction) if switches["eviction"] == PRIORITY_CODE else None
+        switches["priority_leaves"] = priority is not None and priority.leaves_only
         switches["sliding_window"] = sliding_window
         switches["attention_chunk_size"] = attention_chunk_size
         switches["kv_cache_groups"] = kv_cache_groups
@@ -181,7 +186,7 @@ class BlockManager:
         extended = geometry.eviction != 0 or geometry.windowed
         self._groups = len(geometry.groups)
         self._kernels = KernelSet(page_pool is not None, policy=extended)
-        self._policy = EvictionPolicy(geometry, self._arenas, self._kernels)
+        self._policy = EvictionPolicy(geometry, self._arenas, self._kernels, priority)
         self._facts = Facts(self._arenas, self._kernels)
         self._keys = EngineKeys(self._arenas, self._kernels, self._facts, block_keys, block_events)
         parts = (self._arenas, self._kernels, self._keys, self._facts, on_evict)
@@ -453,6 +458,7 @@ class BlockManager:
         return self._pipeline.run_evicting(self._kernels.k_evict, (blocks,), block_ids=blocks)
 
     set_next_use = part_call("_policy", EvictionPolicy.set_next_use)
+    set_tags = part_call("_policy", EvictionPolicy.set_tags)
 
     def reset_prefix_cache(self) -> int:
         """Evict every cached block and unregister those live sequences hold, so that nothing

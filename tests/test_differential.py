@@ -8,9 +8,11 @@ sibling reclaim happen often):
 - two managers on one ``PagePool``, with ``on_evict`` per manager and the pool's ``on_map`` /
   ``on_unmap``.
 
-Every manager draws its eviction policy (``kvnumba.eviction``: every ``BlockManager`` policy and
-the simulator's ``oracle``, which also gets random next-use hints), so the run covers each
-policy in both set-ups, and both sides must choose the same victims.
+Every manager draws its eviction policy (``kvnumba.eviction``: every ``BlockManager`` policy, the
+simulator's ``oracle``, which also gets random next-use hints, and two priority policies defined
+in this file, which get random hints and tags), so the run covers each policy in both set-ups,
+and both sides must choose the same victims: the kernels call the compiled priority, the
+reference its Python function.
 
 After every call both sides agree on the outcome (result arrays, exception type, and
 ``needed`` / ``available`` of ``PoolExhausted``), on every callback delivered (in order), on
@@ -39,8 +41,31 @@ from test_stateful_pages import kernel_cache_only, kernel_owners, reference_owne
 
 import kvnumba
 from kvnumba import KVCacheGroup
-from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
+from kvnumba.eviction import BUILTIN_POLICIES, HINDSIGHT_POLICIES, SIMULATOR_POLICIES
+from kvnumba.priority import PriorityPolicy, priority_policy
 from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
+
+
+@priority_policy("every-feature")
+def every_feature(f):
+    """A user's policy reading every feature (all cached blocks are candidates): it makes the
+    two sides agree on each feature's value at each evaluation, not only on the order."""
+    score = f.stamp * 7 - f.hits * 5 + f.children * 3 - f.orphan * 1000 + f.depth
+    score += (f.next_use % 5) + (f.tag % 3) * 2 + f.length + f.block_size - f.clock // 3
+    return score + f.age // 2 + f.block % 2
+
+
+def _aging_leaves(f):
+    if f.orphan:
+        return -5
+    return f.age + f.hits * 2 + (f.tag & 1) + (f.length // (f.block_size * 2))
+
+
+#: A leaves-only one, GreedyDual-like (its keys read the age), made from a plain function.
+AGING_LEAVES = PriorityPolicy(_aging_leaves, name="aging-leaves", leaves_only=True)
+#: The policies a manager draws from.
+POLICIES = (*SIMULATOR_POLICIES, every_feature, AGING_LEAVES)
+POLICY_NAMES = (*SIMULATOR_POLICIES, every_feature.name, AGING_LEAVES.name)
 
 MIN_OPERATIONS = 200_000
 ROUND = 2_000  # operations per geometry; rounds alternate between the two set-ups
@@ -138,7 +163,7 @@ def random_geometries(rng, paged: bool):
             max_seqs=int(rng.integers(3, 9)),
             max_seq_len=int(rng.integers(2, 7)) * block_size + int(rng.integers(0, 3)),
             prefix_caching=bool(rng.random() < 0.85),
-            eviction=str(rng.choice(SIMULATOR_POLICIES)),
+            eviction=POLICIES[int(rng.integers(0, len(POLICIES)))],
             # A full block equal to a registered one is registered too, as vLLM does.
             cache_duplicates=bool(rng.random() < 0.3),
         )
@@ -335,16 +360,21 @@ class Differential:
         assert self.both(who, call, make(k), make(r)) is None, f"{call} took a released id"
 
     def hint(self, who):
-        """Next-use hints of the ``oracle`` policy (its managers only)."""
+        """Next-use hints of the ``oracle`` policy, hints and tags of the priority policies."""
         kv = self.kv.managers[who]
-        if kv.eviction not in HINDSIGHT_POLICIES:
-            return
+        if kv.eviction in BUILTIN_POLICIES:
+            return  # they take neither
         n = int(self.rng.integers(1, 4))
         blocks = self.rng.integers(0, kv.num_blocks, n).tolist()
         uses = self.rng.integers(-1, 30, n).tolist()
-        kv.set_next_use(blocks, uses)
-        self.ref.managers[who].set_next_use(blocks, uses)
-        self.counts["oracle hint"] += 1
+        if kv.eviction in HINDSIGHT_POLICIES or self.rng.random() < 0.5:
+            kv.set_next_use(blocks, uses)
+            self.ref.managers[who].set_next_use(blocks, uses)
+            self.counts[f"{'oracle' if kv.eviction == 'oracle' else 'priority'} hint"] += 1
+        else:
+            kv.set_tags(blocks, uses)
+            self.ref.managers[who].set_tags(blocks, uses)
+            self.counts["priority tag"] += 1
 
     OPERATIONS = (
         # (method, weight): appends and admits dominate, as in an engine's step loop
@@ -435,8 +465,10 @@ def test_differential_against_the_reference(capsys):
     # The mix must reach the paths it is here for; a change that made them unreachable
     # would otherwise pass quietly.
     for outcome in (
-        *(f"evictions under {name}" for name in SIMULATOR_POLICIES),
+        *(f"evictions under {name}" for name in POLICY_NAMES),
         "oracle hint",
+        "priority hint",
+        "priority tag",
         "append raised PoolExhausted",
         "admit raised PoolExhausted",
         "append raised SequenceReleased",

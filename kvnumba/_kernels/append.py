@@ -216,7 +216,7 @@ def append_tokens(v, io, growth, num_cow):
         # A block completed without token ids has unknown content: never hashed.
         if has_tokens and offset + n == block_size:
             parent = seq_table[slot, pos - 1] if pos > 0 else -1
-            register_full_block(v, b, parent, v.seq_salt[slot], slot)
+            register_full_block(v, b, parent, v.seq_salt[slot], slot, pos)
     log_write(v, FIELD.seq_len, slot, length)
     v.seq_len[slot] = length + count
     return num_cow

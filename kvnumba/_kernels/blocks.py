@@ -194,12 +194,13 @@ def drop_ref(v, b):
 
 
 @inlined
-def register_full_block(v, b, parent_block, salt, slot):
+def register_full_block(v, b, parent_block, salt, slot, pos):
     """Hash a block that just became full and register it unless an equal block is registered
     (with ``cache_duplicates``, register it anyway, after the equal ones).
 
     ``parent_block`` is the previous block of sequence slot ``slot`` (NIL for the first block,
-    ``NULL_BLOCK`` when it left a window: the sequence's anchor holds its hash). A block whose
+    ``NULL_BLOCK`` when it left a window: the sequence's anchor holds its hash); ``b`` is at
+    position ``pos`` of the sequence. A block whose
     content or whose parent's hash is unknown stays unhashed.
     """
     flags = v.block_flags
@@ -227,7 +228,7 @@ def register_full_block(v, b, parent_block, salt, slot):
         new_flags |= F_REGISTERED
         table_insert(v, b, h)
         note_event(v, EVENT_STORED, b)
-        policy_registered(v, b, parent_block, 1)
+        policy_registered(v, b, parent_block, 1, pos)
     set_logged(v, flags, FIELD.block_flags, b, new_flags)
 
 

@@ -27,6 +27,7 @@ from kvnumba._state import (
     S_EVT_N,
     S_FAILED,
     S_MAP_N,
+    S_RELEASE_LEN,
     S_UNMAP_N,
 )
 from kvnumba.errors import (
@@ -111,6 +112,7 @@ def run_truncate(ids, new_lens, slots, arena, scratch, pool):
         if new == length:
             continue
         keep = blocks_of(new, block_size)
+        v.scr[S_RELEASE_LEN] = new  # what a priority policy sees as the releasing length
         for pos in range(blocks_of(length, block_size) - 1, keep - 1, -1):
             drop_ref(v, seq_table[slot, pos])
             seq_table[slot, pos] = NIL

@@ -42,7 +42,7 @@ from kvnumba._kernels.engine import (
     run_reset_prefix_cache,
     run_truncate,
 )
-from kvnumba._kernels.eviction import run_set_next_use
+from kvnumba._kernels.eviction import run_set_next_use, run_set_tags
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined
 from kvnumba._kernels.keys import check_key_run, register_key_run, run_set_keys
@@ -442,6 +442,13 @@ def k_seq_lens(ids, arena, scratch):
 def k_set_next_use(blocks, next_use, arena, scratch):
     """``set_next_use`` (the simulator's ``oracle`` policy): returns (status,)."""
     run_set_next_use(blocks, next_use, arena, scratch)
+    return (ST_OK,)
+
+
+@njit(cache=True)
+def k_set_tags(blocks, tags, arena, scratch):
+    """``set_tags`` (a priority policy's tags): returns (status,)."""
+    run_set_tags(blocks, tags, arena, scratch)
     return (ST_OK,)
 
 

@@ -24,6 +24,7 @@ logged call rolls them back; the ``meta`` slots are saved whole by such a call.
 import inspect
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
 from numba.core import config, types
 from numba.extending import intrinsic, overload
@@ -38,6 +39,7 @@ from kvnumba._state import (
     F_REGISTERED,
     FIELD,
     H_DIM0,
+    H_DIM1,
     H_OFFSET,
     L_GEN,
     L_HEAP,
@@ -54,19 +56,28 @@ from kvnumba._state import (
     M_POL_CLOCK,
     M_POLICY,
     M_POLICY_FAULTS,
+    M_PRIORITY_LEAVES,
     NIL,
     POL_LINKS,
-    POL_WORDS,
+    S_FEATURES,
+    S_PRIORITY_FN,
+    S_RELEASE_LEN,
+    W_DEPTH,
+    W_HINT,
     W_KEY,
+    W_LENGTH,
     W_STAMP,
+    W_TAG,
     W_VALUE,
 )
-from kvnumba.eviction import POLICY_CODES
+from kvnumba.eviction import POLICY_CODES, PRIORITY_CODE
+from kvnumba.priority import NUM_FEATURES
 
 P_LFU = POLICY_CODES["lfu"]
 P_SIEVE = POLICY_CODES["sieve"]
 P_LEAF = POLICY_CODES["leaf-lru"]
 P_ORACLE = POLICY_CODES["oracle"]
+P_PRIORITY = PRIORITY_CODE
 #: The parent (``L_PARENT``) of a block registered under a parent hash that no block holds any
 #: more: an orphan as soon as it is cached. A root (a sequence's first block) has NIL.
 ORPHAN_AT_BIRTH = -2
@@ -90,9 +101,13 @@ def pol_links(v):
 
 @njit(cache=True, inline="always")
 def pol_words(v):
-    """The ``pol_words`` field (int64, ``W_*`` columns) of views ``v``'s state arena."""
+    """The ``pol_words`` field (int64, ``W_*`` columns) of views ``v``'s state arena: 3 columns,
+    7 under a priority policy."""
     arena = v.arena
-    shape = (header_entry(arena, FIELD.pol_words, H_DIM0), POL_WORDS)
+    shape = (
+        header_entry(arena, FIELD.pol_words, H_DIM0),
+        header_entry(arena, FIELD.pol_words, H_DIM1),
+    )
     return carve(arena, header_entry(arena, FIELD.pol_words, H_OFFSET), shape, np.int64)
 
 
@@ -106,8 +121,9 @@ def _set_link(v, b, column, value):
 @inlined
 def _set_word(v, b, column, value):
     """``pol_words[b, column] = value``, logged."""
-    log_write(v, FIELD.pol_words, b * POL_WORDS + column, pol_words(v)[b, column])
-    pol_words(v)[b, column] = value
+    words = pol_words(v)
+    log_write(v, FIELD.pol_words, b * words.shape[1] + column, words[b, column])
+    words[b, column] = value
 
 
 # --- the heap: a min-heap of blocks on (key, stamp) --------------------------------------------
@@ -186,10 +202,81 @@ def heap_fix(v, b):
     _sift_down(v, np.int64(pol_links(v)[b, L_POS]))
 
 
-# --- the cached prefix forest of the leaf policies -------------------------------------------
+# --- a priority policy's priority (``kvnumba.priority``) --------------------------------------
+def _call_priority_python(scr, address):
+    """:func:`call_priority` run as Python: the policy is found by its registry key."""
+    from kvnumba.priority import call_python
+
+    return call_python(address, scr[S_FEATURES : S_FEATURES + NUM_FEATURES])
+
+
+def _call_priority_intrinsic(typingctx, scr, address):
+    """Call the C function at ``address`` on the feature record at ``scr[S_FEATURES:]``."""
+
+    def codegen(context, builder, signature, args):
+        record = context.make_array(signature.args[0])(context, builder, args[0])
+        i64 = ir.IntType(64)
+        first = builder.gep(record.data, [ir.Constant(i64, S_FEATURES)])
+        function = ir.FunctionType(i64, [i64.as_pointer()])
+        target = builder.inttoptr(args[1], function.as_pointer())
+        return builder.call(target, [first])
+
+    return types.int64(scr, types.int64), codegen
+
+
+call_priority = _call_priority_python if config.DISABLE_JIT else intrinsic(_call_priority_intrinsic)
+
+
+@out_of_line
+def priority_of(v, b):
+    """The priority of cached block ``b`` under a priority policy: its features written to the
+    record (``kvnumba.priority.BlockFeatures``, in order), the policy's function called."""
+    words = pol_words(v)
+    links = pol_links(v)
+    children = 0
+    c = links[b, L_KID]
+    while c != NIL:
+        children += 1
+        c = links[c, L_SIB_NEXT]
+    scr = v.scr
+    meta = v.meta
+    f = S_FEATURES
+    scr[f] = b
+    scr[f + 1] = words[b, W_VALUE]
+    scr[f + 2] = words[b, W_STAMP]
+    scr[f + 3] = meta[M_POL_CLOCK]
+    scr[f + 4] = meta[M_POL_AGE]
+    scr[f + 5] = words[b, W_DEPTH]
+    scr[f + 6] = children
+    scr[f + 7] = 1 if v.block_flags[b] & F_ORPHAN else 0
+    scr[f + 8] = words[b, W_HINT]
+    scr[f + 9] = words[b, W_TAG]
+    scr[f + 10] = words[b, W_LENGTH]
+    scr[f + 11] = v.tokens.shape[1]
+    return np.int64(call_priority(scr, scr[S_PRIORITY_FN]))
+
+
+# --- the cached prefix forest of the leaf and priority policies --------------------------------
+@inlined
+def keeps_forest(policy):
+    """Whether ``policy`` keeps the cached prefix forest (``leaf-lru``, ``oracle``, priority)."""
+    return policy == P_LEAF or policy == P_ORACLE or policy == P_PRIORITY
+
+
+@inlined
+def leaves_only(v):
+    """Whether only leaves of the cached prefix forest are candidates (in the heap)."""
+    policy = v.meta[M_POLICY]
+    if policy == P_PRIORITY:
+        return v.meta[M_PRIORITY_LEAVES] != 0
+    return policy == P_LEAF or policy == P_ORACLE
+
+
 @out_of_line
 def leaf_key(v, b):
-    """The heap key of cached block ``b`` under ``leaf-lru`` or ``oracle``."""
+    """The heap key of cached block ``b`` under ``leaf-lru``, ``oracle`` or a priority policy."""
+    if v.meta[M_POLICY] == P_PRIORITY:
+        return priority_of(v, b)
     orphan = (v.block_flags[b] & F_ORPHAN) != 0
     if v.meta[M_POLICY] == P_LEAF:
         return np.int64(-1) if orphan else np.int64(0)
@@ -197,6 +284,14 @@ def leaf_key(v, b):
         return np.int64(ORPHAN_KEY)
     next_use = pol_words(v)[b, W_VALUE]
     return np.int64(NEVER_KEY) if next_use < 0 else -next_use
+
+
+@out_of_line
+def rekey(v, b):
+    """Cached block ``b``'s features changed: its key again, the heap order restored."""
+    _set_word(v, b, W_KEY, leaf_key(v, b))
+    if pol_links(v)[b, L_POS] != NIL:
+        heap_fix(v, b)
 
 
 @inlined
@@ -236,16 +331,15 @@ def _set_flags(v, b, flags):
 
 @out_of_line
 def orphan_kids(v, p):
-    """Block ``p`` lost its registration: its cached children become orphans (evicted first)."""
+    """Block ``p`` lost its registration: its cached children become orphans (evicted first
+    under the leaf policies; a priority policy sees ``orphan``)."""
     _set_link(v, p, L_GEN, pol_links(v)[p, L_GEN] + 1)
     c = pol_links(v)[p, L_KID]
     while c != NIL:
         after = pol_links(v)[c, L_SIB_NEXT]
         _unlink_kid(v, c, p)
         _set_flags(v, c, v.block_flags[c] | F_ORPHAN)
-        _set_word(v, c, W_KEY, leaf_key(v, c))
-        if pol_links(v)[c, L_POS] != NIL:
-            heap_fix(v, c)
+        rekey(v, c)
         c = after
 
 
@@ -264,15 +358,20 @@ def enter_cache(v, b):
         _set_word(v, b, W_KEY, meta[M_POL_AGE] + pol_words(v)[b, W_VALUE])
         heap_push(v, b)
     elif policy != P_SIEVE:
+        leaves = leaves_only(v)
+        if policy == P_PRIORITY:
+            _set_word(v, b, W_LENGTH, v.scr[S_RELEASE_LEN])
         p = np.int64(pol_links(v)[b, L_PARENT])
         if p >= 0 and pol_links(v)[p, L_GEN] == pol_links(v)[b, L_PGEN]:
-            if pol_links(v)[p, L_KID] == NIL and pol_links(v)[p, L_POS] != NIL:
+            if leaves and pol_links(v)[p, L_KID] == NIL and pol_links(v)[p, L_POS] != NIL:
                 heap_remove(v, p)  # no longer a leaf
             _link_kid(v, b, p)
+            if policy == P_PRIORITY and not leaves and is_cached(v, p):
+                rekey(v, p)  # one child more
         elif p != NIL:
             _set_flags(v, b, v.block_flags[b] | F_ORPHAN)
         _set_word(v, b, W_KEY, leaf_key(v, b))
-        if pol_links(v)[b, L_KID] == NIL:
+        if not leaves or pol_links(v)[b, L_KID] == NIL:
             heap_push(v, b)
 
 
@@ -280,14 +379,14 @@ def enter_cache(v, b):
 def leave_cache(v, b, how):
     """Cached block ``b`` is about to leave the LRU list: ``how`` is :data:`CLAIMED`,
     :data:`EVICTED` or :data:`EVICTED_VICTIM`. A victim that the policy must never choose (a
-    referenced block; under a leaf policy, one with cached children) is counted as a fault,
-    which ``check()`` reports."""
+    referenced block; when only leaves are candidates, one with cached children) is counted as
+    a fault, which ``check()`` reports."""
     meta = v.meta
     policy = meta[M_POLICY]
     if policy == 0:
         return
     if how == EVICTED_VICTIM and (
-        v.ref[b] != 0 or (policy != P_LFU and policy != P_SIEVE and pol_links(v)[b, L_KID] != NIL)
+        v.ref[b] != 0 or (leaves_only(v) and pol_links(v)[b, L_KID] != NIL)
     ):
         meta[M_POLICY_FAULTS] += 1
     if policy == P_SIEVE:
@@ -304,8 +403,11 @@ def leave_cache(v, b, how):
     elif pol_links(v)[b, L_PARENT] >= 0:
         p = np.int64(pol_links(v)[b, L_PARENT])
         _unlink_kid(v, b, p)
-        if pol_links(v)[p, L_KID] == NIL and is_cached(v, p):
-            heap_push(v, p)  # a leaf now
+        if is_cached(v, p):
+            if policy == P_PRIORITY and not leaves_only(v):
+                rekey(v, p)  # one child less
+            if leaves_only(v) and pol_links(v)[p, L_KID] == NIL:
+                heap_push(v, p)  # a leaf now
     if how != CLAIMED:
         orphan_kids(v, b)
 
@@ -331,6 +433,8 @@ def choose_victim(v):
     b = np.int64(pol_links(v)[0, L_HEAP])
     if policy == P_LFU:
         meta[M_POL_AGE] = pol_words(v)[b, W_KEY]
+    elif policy == P_PRIORITY:
+        meta[M_POL_AGE] = max(meta[M_POL_AGE], pol_words(v)[b, W_KEY])
     return b
 
 
@@ -338,19 +442,24 @@ def choose_victim(v):
 def note_hit(v, b):
     """Block ``b`` is a prefix hit of an admitted prompt."""
     policy = v.meta[M_POLICY]
-    if policy == P_LFU or policy == P_SIEVE:
+    if policy == P_LFU or policy == P_SIEVE or policy == P_PRIORITY:
         _set_word(v, b, W_VALUE, pol_words(v)[b, W_VALUE] + 1)
 
 
 @out_of_line
-def note_registered(v, b, prev, by_content):
-    """Block ``b`` was just registered; ``prev`` is the previous block of its sequence (NIL for
-    the first). ``by_content``: registered by its chained hash (else under an engine key)."""
+def note_registered(v, b, prev, by_content, pos):
+    """Block ``b`` was just registered at position ``pos`` of its sequence; ``prev`` is the
+    previous block of its sequence (NIL for the first). ``by_content``: registered by its
+    chained hash (else under an engine key)."""
     policy = v.meta[M_POLICY]
     if policy == 0:
         return
     _set_word(v, b, W_VALUE, -1 if policy == P_ORACLE else 0)
-    if policy != P_LEAF and policy != P_ORACLE:
+    if policy == P_PRIORITY:
+        _set_word(v, b, W_HINT, -1)
+        _set_word(v, b, W_TAG, 0)
+        _set_word(v, b, W_DEPTH, pos)
+    if not keeps_forest(policy):
         return
     _set_link(v, b, L_GEN, pol_links(v)[b, L_GEN] + 1)
     p = np.int64(NIL)
@@ -368,19 +477,26 @@ def note_registered(v, b, prev, by_content):
 @out_of_line
 def note_unregistered(v, b):
     """Block ``b`` (referenced) lost its registration: its cached children are orphans."""
-    policy = v.meta[M_POLICY]
-    if policy == P_LEAF or policy == P_ORACLE:
+    if keeps_forest(v.meta[M_POLICY]):
         orphan_kids(v, b)
 
 
 @out_of_line
 def set_next_use(v, b, next_use):
-    """``oracle``: the trace position of the next use of block ``b``'s content (-1: never)."""
-    _set_word(v, b, W_VALUE, next_use)
+    """``oracle``, a priority policy: the trace position of the next use of block ``b``'s
+    content (-1: never; a priority policy's ``next_use`` hint)."""
+    column = W_HINT if v.meta[M_POLICY] == P_PRIORITY else W_VALUE
+    _set_word(v, b, column, next_use)
     if is_cached(v, b):
-        _set_word(v, b, W_KEY, leaf_key(v, b))
-        if pol_links(v)[b, L_POS] != NIL:
-            heap_fix(v, b)
+        rekey(v, b)
+
+
+@out_of_line
+def set_tag(v, b, tag):
+    """A priority policy: block ``b``'s tag (``kvnumba.priority.BlockFeatures.tag``)."""
+    _set_word(v, b, W_TAG, tag)
+    if is_cached(v, b):
+        rekey(v, b)
 
 
 # --- the hooks: nothing (or the LRU head) for an LRU manager's views -------------------------
@@ -446,10 +562,10 @@ def _hit(pv, pb):
         note_hit(pv, pb)
 
 
-def _registered(pv, pb, pprev, pcontent):
+def _registered(pv, pb, pprev, pcontent, ppos):
     """:func:`note_registered` (nothing under LRU); ``pcontent`` 1 or 0."""
     if pv.meta[M_POLICY]:
-        note_registered(pv, pb, pprev, pcontent)
+        note_registered(pv, pb, pprev, pcontent, ppos)
 
 
 def _unregistered(pv, pb):
@@ -479,7 +595,15 @@ def _policy_victim_impl(pv):
 
 @out_of_line
 def run_set_next_use(blocks, next_use, arena, scratch):
-    """``set_next_use`` of validated blocks and next uses (``oracle`` only)."""
+    """``set_next_use`` of validated blocks and next uses (``oracle``, priority policies)."""
     v = views(arena, scratch, scratch)
     for i in range(blocks.shape[0]):
         set_next_use(v, blocks[i], next_use[i])
+
+
+@out_of_line
+def run_set_tags(blocks, tags, arena, scratch):
+    """``set_tags`` of validated blocks (priority policies only)."""
+    v = views(arena, scratch, scratch)
+    for i in range(blocks.shape[0]):
+        set_tag(v, blocks[i], tags[i])

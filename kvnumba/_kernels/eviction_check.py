@@ -11,9 +11,11 @@ from numba.extending import overload
 from kvnumba._kernels.eviction import (
     ORPHAN_AT_BIRTH,
     P_LFU,
+    P_PRIORITY,
     P_SIEVE,
     is_cached,
     leaf_key,
+    leaves_only,
     pol_links,
     pol_words,
 )
@@ -63,7 +65,7 @@ POLICY_MESSAGES = {
     C_POLICY_ORPHAN: "block {a} is marked an orphan but is not cached, or is listed under {b}",
     C_POLICY_KEY: "eviction heap: block {a} has key {b}, recomputed differently",
     C_POLICY_FAULT: "the eviction policy chose {a} victims it must never choose (a referenced "
-    "block, or under a leaf policy a block with cached children)",
+    "block, or when only leaves are candidates a block with cached children)",
 }
 
 
@@ -82,7 +84,9 @@ def check_policy_state(st, seen):
     heap, pos, kid = links[:, L_HEAP], links[:, L_POS], links[:, L_KID]
     key, stamp = words[:, W_KEY], words[:, W_STAMP]
     n = meta[M_HEAP_N]
-    leaf = policy != P_LFU and policy != P_SIEVE
+    leaf = leaves_only(st)
+    # A priority depends on the clocks when it was computed: its keys cannot be recomputed.
+    rekeyable = leaf and policy != P_PRIORITY
     if meta[M_POLICY_FAULTS] != 0:
         return C_POLICY_FAULT, meta[M_POLICY_FAULTS], 0
     # The heap: entries back-linked, members evictable under the policy, ordered.
@@ -98,7 +102,7 @@ def check_policy_state(st, seen):
             return C_POLICY_HEAP, i, b
         if not is_cached(st, b) or (leaf and kid[b] != NIL):
             return C_POLICY_HEAP_MEMBER, b, policy
-        if leaf and key[b] != leaf_key(st, np.int64(b)):
+        if rekeyable and key[b] != leaf_key(st, np.int64(b)):
             return C_POLICY_KEY, b, key[b]
         if i > 0:
             p = heap[(i - 1) >> 1]
@@ -152,8 +156,10 @@ def check_policy_state(st, seen):
                 return C_POLICY_ORPHAN, b, p
         elif p == ORPHAN_AT_BIRTH or (p >= 0 and (gen[p] != pgen[b] or seen[b] == 0)):
             return C_POLICY_UNLINKED, b, p
-    if leaves != n:
+    if leaves != n and leaf:
         return C_POLICY_HEAP, n, leaves
+    if not leaf and n != meta[M_CACHED]:
+        return C_POLICY_HEAP, n, meta[M_CACHED]
     return 0, 0, 0
 
 

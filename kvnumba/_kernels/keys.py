@@ -159,7 +159,7 @@ def register_key(v, slot, pos, keys, row, salt):
     if new_flags & F_REGISTERED:
         note_event(v, EVENT_STORED, b)
         prev = v.seq_table[slot, pos - 1] if pos > 0 else NIL
-        policy_registered(v, b, prev, 0)
+        policy_registered(v, b, prev, 0, pos)
 
 
 @inlined

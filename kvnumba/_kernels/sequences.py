@@ -30,6 +30,7 @@ from kvnumba._state import (
     S_EVT_N,
     S_FAILED,
     S_MAP_N,
+    S_RELEASE_LEN,
     S_STAMP,
     S_UNMAP_N,
 )
@@ -154,6 +155,7 @@ def run_release(slots, arena, scratch, pool):
     v.scr[S_FAILED] = 0
     for i in range(slots.shape[0]):
         slot = slots[i]
+        v.scr[S_RELEASE_LEN] = v.seq_len[slot]  # what a priority policy sees as the length
         for pos in range(blocks_of(v.seq_len[slot], block_size) - 1, -1, -1):
             b = seq_table[slot, pos]
             seq_table[slot, pos] = NIL

@@ -17,6 +17,7 @@ from numba import int64, void
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.views import VIEWS, array_type
 from kvnumba._state import S_LOG_N, S_LOG_ON
+from kvnumba.eviction import PRIORITY_CODE
 
 # Writes that are not a single element of a state field:
 U_TOKROW = -1  # index = block; old = eviction record row holding the payload, or -1 (row was -1)
@@ -80,7 +81,8 @@ def policy_log_rows(policy, num_blocks, blocks, cached):
 
     Per block, a heap removal and insertion (two entries per level each), a child unlinked
     and its parent made a leaf; per cached block at most once in a call, SIEVE's hand clearing
-    its visited count, or an orphaned child re-keyed.
+    its visited count, or an orphaned child re-keyed. A priority policy re-keys a block's parent
+    when the block enters or leaves the cache, and writes four more words per registration.
     """
     if policy == 0:
         return 0
@@ -89,7 +91,10 @@ def policy_log_rows(policy, num_blocks, blocks, cached):
     while n > 1:
         n >>= 1
         levels += 1
-    return (4 * levels + 24) * blocks + (2 * levels + 8) * cached
+    rows = (4 * levels + 24) * blocks + (2 * levels + 8) * cached
+    if policy == PRIORITY_CODE:
+        rows += (4 * levels + 8) * blocks
+    return rows
 
 
 policy_log_rows_kernel = inlined(policy_log_rows)

@@ -34,6 +34,7 @@ from kvnumba._state import (
     M_KEYED,
     M_WINDOWS,
     NULL_BLOCK,
+    S_RELEASE_LEN,
 )
 from kvnumba.windows import first_needed_block, group_hit, window_hit
 
@@ -118,6 +119,7 @@ def drop_out_of_window(arena, scratch, pool, slot, length):
     v = views(arena, scratch, pool)
     if not has_drops(v, slot, length):
         return 0
+    v.scr[S_RELEASE_LEN] = length  # what a priority policy sees as the releasing length
     seq_table = v.seq_table
     width = seq_table.shape[1]
     pos = first_needed(v, slot, length) - 1

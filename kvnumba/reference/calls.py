@@ -141,6 +141,7 @@ class CallsMixin:
         drops = self._window_drops(slot, length)
         if drops:
             self._anchor[slot] = self._hash[table[drops[0]]]
+            self._policy.release_len = self._len[slot] if length is None else length
         for j in drops:
             block = table[j]
             table[j] = NULL_BLOCK

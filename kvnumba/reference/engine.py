@@ -56,6 +56,7 @@ class EngineMixin:
                 continue
             keep = _blocks_for(new, bs)
             table = self._table[slot]
+            self._policy.release_len = new
             while len(table) > keep:
                 self._drop_ref(table.pop())
             self._len[slot] = new

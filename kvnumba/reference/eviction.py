@@ -5,7 +5,8 @@ manager keeps the cached blocks on ``_lru`` (release order, oldest first) for ev
 tells its policy object what happens to blocks through a few hooks:
 
 * :meth:`LruPolicy.registered` / :meth:`LruPolicy.unregistered`: a block got or lost its entry
-  in the prefix table (``registered`` gets the block's parent in the prefix forest);
+  in the prefix table (``registered`` gets the block's parent in the prefix forest and its
+  position in its sequence);
 * :meth:`LruPolicy.entered` / :meth:`LruPolicy.leaving`: a block was released into the cache /
   is about to leave it (claimed by a hit or evicted), while it is still on ``_lru``;
 * :meth:`LruPolicy.hit`: a block was a prefix hit of an admitted prompt;
@@ -64,6 +65,9 @@ class LruPolicy:
     name: ClassVar[str] = "lru"
     stamp: list[int] = field(repr=False)
     clock: int = 0
+    #: Tokens of the sequence being released (the manager sets it before releasing blocks; a
+    #: priority policy's ``length`` feature), not part of the state.
+    release_len: int = field(default=0, repr=False, compare=False)
 
     @classmethod
     def new(cls, num_blocks: int) -> LruPolicy:
@@ -86,8 +90,9 @@ class LruPolicy:
 
     # ------------------------------------------------------------------ hooks
 
-    def registered(self, block: int, parent: int) -> None:
-        """``block`` got its entry in the prefix table; ``parent``: see the module notes."""
+    def registered(self, block: int, parent: int, pos: int) -> None:
+        """``block`` got its entry in the prefix table at position ``pos`` of its sequence;
+        ``parent``: see the module notes."""
 
     def unregistered(self, block: int) -> None:
         """``block`` lost its entry in the prefix table (evicted or unhashed)."""
@@ -132,7 +137,7 @@ class HitCounting(LruPolicy):
     def _fresh(cls, num_blocks: int) -> dict:
         return {**super()._fresh(num_blocks), "value": [0] * num_blocks}
 
-    def registered(self, block: int, parent: int) -> None:
+    def registered(self, block: int, parent: int, pos: int) -> None:
         self.value[block] = 0
 
     def hit(self, block: int) -> None:
@@ -276,7 +281,7 @@ class LeafLruPolicy(LruPolicy):
     def _key(self, block: int) -> int:
         return -1 if block in self.orphan else 0
 
-    def registered(self, block: int, parent: int) -> None:
+    def registered(self, block: int, parent: int, pos: int) -> None:
         self.gen[block] += 1
         self.parent[block] = parent
         self.pgen[block] = self.gen[parent] if parent >= 0 else 0
@@ -365,8 +370,8 @@ class OraclePolicy(LeafLruPolicy):
         """Record ``block``'s next use (-1: never used again)."""
         self.value[block] = next_use
 
-    def registered(self, block: int, parent: int) -> None:
-        super().registered(block, parent)
+    def registered(self, block: int, parent: int, pos: int) -> None:
+        super().registered(block, parent, pos)
         self.value[block] = -1
 
     def _key(self, block: int) -> int:
@@ -382,9 +387,141 @@ class OraclePolicy(LeafLruPolicy):
             fail("oracle: a next use below -1")
 
 
+@dataclass(kw_only=True)
+class PriorityRulePolicy(LeafLruPolicy):
+    """A priority policy (``kvnumba.priority``): evict the candidate with the smallest
+    ``(key, stamp)``, the key being the policy's priority of the block's features when it was
+    last computed. Candidates: every cached block, or only the leaves (``leaves_only``).
+
+    The key is computed when the block is released into the cache and again, while it is
+    cached, when it becomes an orphan, when its hint or tag is set, and (not ``leaves_only``)
+    when a child of it enters or leaves the cache.
+
+    Attributes
+    ----------
+    name : str
+        The policy's name.
+    rule : PriorityPolicy
+        The policy; its function is called as Python.
+    hits, hint, tag, length, depth : list of int
+        Per block, its features (``kvnumba.priority.BlockFeatures``).
+    key : dict of int to int
+        Per cached block, its key.
+    age : int
+        The largest key of an allocation's victim so far (0 before the first).
+    """
+
+    name: str = ""
+    rule: object = field(default=None, repr=False)
+    hits: list[int] = field(repr=False)
+    hint: list[int] = field(repr=False)
+    tag: list[int] = field(repr=False)
+    length: list[int] = field(repr=False)
+    depth: list[int] = field(repr=False)
+    key: dict[int, int] = field(default_factory=dict, repr=False)
+    age: int = 0
+    block_size: int = 0
+
+    @classmethod
+    def _fresh(cls, num_blocks: int) -> dict:
+        return {
+            **super()._fresh(num_blocks),
+            "hits": [0] * num_blocks,
+            "hint": [0] * num_blocks,
+            "tag": [0] * num_blocks,
+            "length": [0] * num_blocks,
+            "depth": [0] * num_blocks,
+        }
+
+    def _features(self, block: int):
+        from kvnumba.priority import BlockFeatures
+
+        return BlockFeatures(
+            block=block,
+            hits=self.hits[block],
+            stamp=self.stamp[block],
+            clock=self.clock,
+            age=self.age,
+            depth=self.depth[block],
+            children=len(self.kids[block]),
+            orphan=int(block in self.orphan),
+            next_use=self.hint[block],
+            tag=self.tag[block],
+            length=self.length[block],
+            block_size=self.block_size,
+        )
+
+    def _rekey(self, block: int) -> None:
+        if block in self.key:  # cached
+            self.key[block] = self.rule.python_priority(self._features(block))
+
+    def registered(self, block: int, parent: int, pos: int) -> None:
+        super().registered(block, parent, pos)
+        self.hits[block], self.hint[block], self.tag[block] = 0, -1, 0
+        self.depth[block] = pos
+
+    def unregistered(self, block: int) -> None:
+        orphaned = self.kids[block]
+        super().unregistered(block)
+        for child in orphaned:
+            self._rekey(child)
+
+    def hit(self, block: int) -> None:
+        self.hits[block] += 1
+
+    def entered(self, block: int) -> None:
+        super().entered(block)
+        self.length[block] = self.release_len
+        p = self.parent[block]
+        if not self.rule.leaves_only and p >= 0 and block in self.kids[p]:
+            self._rekey(p)
+        self.key[block] = 0
+        self._rekey(block)
+
+    def leaving(self, block: int, lru) -> None:
+        p = self.parent[block]
+        linked = p >= 0 and block in self.kids[p]
+        super().leaving(block, lru)
+        del self.key[block]
+        if linked and not self.rule.leaves_only:
+            self._rekey(p)
+
+    def victim(self, lru) -> int:
+        candidates = (b for b in lru if not (self.rule.leaves_only and self.kids[b]))
+        block = min(candidates, key=lambda b: (self.key[b], self.stamp[b]))
+        self.age = max(self.age, self.key[block])
+        return block
+
+    def set_next_use(self, block: int, next_use: int) -> None:
+        """Record ``block``'s next-use hint."""
+        self.hint[block] = next_use
+        self._rekey(block)
+
+    def set_tag(self, block: int, tag: int) -> None:
+        """Record ``block``'s tag."""
+        self.tag[block] = tag
+        self._rekey(block)
+
+    def check(self, lru, is_registered, fail) -> None:
+        super().check(lru, is_registered, fail)
+        if set(self.key) != set(lru):
+            fail(f"{self.name}: keys {sorted(self.key)} are not those of the cached blocks")
+        if self.age < 0:
+            fail(f"{self.name}: negative age {self.age}")
+
+
 _POLICIES = {p.name: p for p in (LruPolicy, LfuPolicy, SievePolicy, LeafLruPolicy, OraclePolicy)}
 
 
-def make_policy(name: str, num_blocks: int) -> LruPolicy:
-    """The fresh state of policy ``name`` (already validated by ``kvnumba.eviction``)."""
-    return _POLICIES[name].new(num_blocks)
+def make_policy(eviction, num_blocks: int, block_size: int = 0) -> LruPolicy:
+    """The fresh state of policy ``eviction`` (already validated by ``kvnumba.eviction``): a
+    built-in name, or a priority policy (an object or what names one)."""
+    from kvnumba.eviction import is_priority_spec
+    from kvnumba.priority import resolve
+
+    if is_priority_spec(eviction):
+        rule = resolve(eviction)
+        state = PriorityRulePolicy.new(num_blocks)
+        state.name, state.rule, state.block_size = rule.name, rule, block_size
+        return state
+    return _POLICIES[eviction].new(num_blocks)

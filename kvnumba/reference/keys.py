@@ -229,7 +229,7 @@ class KeysMixin:
             return -1
         return block
 
-    def _set_key(self, block: int, key: tuple, prev: int) -> None:
+    def _set_key(self, block: int, key: tuple, prev: int, pos: int) -> None:
         """Give ``block`` the key ``(salt, w0, w1, w2, w3)``; register it if the key is new.
 
         ``prev`` is the block before it in the sequence being keyed (-1 at position 0,
@@ -241,7 +241,7 @@ class KeysMixin:
         if self._register(block):  # else the first block with this key stays registered
             self._event(BlockEvents.STORED, block)
             parent = prev if prev >= 0 and self._is_registered(prev) else ROOT
-            self._policy.registered(block, parent)
+            self._policy.registered(block, parent, pos)
 
     def _register_keys(self, slot: int, p: _Prompt, hits: int) -> None:
         """After ``admit`` allocated prompt ``p`` in ``slot``: key its non-hit keyed blocks.
@@ -253,7 +253,7 @@ class KeysMixin:
             return
         table = self._table[slot]
         for j in range(hits, len(p.keys)):
-            self._set_key(table[j], (p.salt, *p.keys[j]), table[j - 1] if j else -1)
+            self._set_key(table[j], (p.salt, *p.keys[j]), table[j - 1] if j else -1, j)
 
     # ------------------------------------------------------------------ public API
 
@@ -377,13 +377,13 @@ class KeysMixin:
                 if current is not None and current != key:
                     raise ValueError(f"block {block} (position {j} of ids[{i}]) has another key")
                 planned[block] = key
-                work.append((block, key, self._table[slot][j - 1] if j else -1))
+                work.append((block, key, self._table[slot][j - 1] if j else -1, j))
         if not self._prefix_caching:
             return 0  # nothing is ever registered: the keys were validated and are dropped
         registered = self._registered_count()
-        for block, key, prev in work:
+        for block, key, prev, pos in work:
             if self._key[block] is None:  # an equal key given before (or in this call): skip
-                self._set_key(block, key, prev)
+                self._set_key(block, key, prev, pos)
         return self._registered_count() - registered
 
     # ------------------------------------------------------------------ check

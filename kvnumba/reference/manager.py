@@ -27,7 +27,7 @@ from kvnumba.reference.blocks import BlocksMixin
 from kvnumba.reference.calls import CallsMixin
 from kvnumba.reference.checks import ChecksMixin
 from kvnumba.reference.engine import EngineMixin
-from kvnumba.reference.eviction import make_policy
+from kvnumba.reference.eviction import PriorityRulePolicy, make_policy
 from kvnumba.reference.keys import KeysMixin
 from kvnumba.reference.one_request import OneRequestMixin
 from kvnumba.reference.pages import PagesMixin
@@ -211,7 +211,8 @@ class ReferenceBlockManager(
         # Register a full block even when its key is registered (after the first).
         self._cache_duplicates = bool(cache_duplicates)
         self._lru: OrderedDict[int, None] = OrderedDict()
-        self._policy = make_policy(eviction, num_blocks)  # picks the victims among _lru
+        # Picks the victims among _lru.
+        self._policy = make_policy(eviction, num_blocks, block_size)
         # Pops reserved_blocks, reserved_blocks + 1, ...; reserved blocks are never listed.
         self._free = list(range(num_blocks - 1, reserved_blocks - 1, -1))
         # Blocks whose content counts as unknown (a token appended without an id, or
@@ -466,6 +467,7 @@ class ReferenceBlockManager(
         slots = self._resolve_all(ids, unique=True)
         self._begin_call()
         for slot in slots:
+            self._policy.release_len = self._len[slot]
             for block in reversed(self._table[slot]):
                 if block != NULL_BLOCK:
                     self._drop_ref(block)
@@ -519,8 +521,11 @@ class ReferenceBlockManager(
         TypeError
             Non-integer input.
         """
-        if self._policy.name != "oracle":
-            raise ValueError(f"set_next_use needs the oracle policy, not {self._policy.name!r}")
+        if self._policy.name != "oracle" and not isinstance(self._policy, PriorityRulePolicy):
+            raise ValueError(
+                f"set_next_use needs the oracle policy or a priority policy, not "
+                f"{self._policy.name!r}"
+            )
         blocks = _as_int_array(block_ids, "block_ids")
         uses = _as_int_array(next_use, "next_use")
         if len(blocks) != len(uses):
@@ -532,6 +537,37 @@ class ReferenceBlockManager(
             raise ValueError("next_use must be >= -1")
         for block, use in zip(blocks.tolist(), uses.tolist(), strict=True):
             self._policy.set_next_use(block, use)
+
+    def set_tags(self, block_ids, tags) -> None:
+        """Tag blocks for a priority policy (its ``tag`` feature), in order (a later entry for
+        the same block wins). Registering a block resets its tag to 0.
+
+        Parameters
+        ----------
+        block_ids : array-like of int, shape (n,)
+            Blocks, ``0 <= block_ids[i] < num_blocks``.
+        tags : array-like of int, shape (n,)
+            Each block's tag.
+
+        Raises
+        ------
+        ValueError
+            A policy other than a priority policy, lengths that differ or a block out of range
+            (nothing changed).
+        TypeError
+            Non-integer input.
+        """
+        if not isinstance(self._policy, PriorityRulePolicy):
+            raise ValueError(f"set_tags needs a priority policy, not {self._policy.name!r}")
+        blocks = _as_int_array(block_ids, "block_ids")
+        values = _as_int_array(tags, "tags")
+        if len(blocks) != len(values):
+            raise ValueError(f"{len(blocks)} block_ids and {len(values)} tags")
+        for i, block in enumerate(blocks.tolist()):
+            if not 0 <= block < self._num_blocks:
+                raise ValueError(f"block_ids[{i}] = {block} is outside the pool")
+        for block, tag in zip(blocks.tolist(), values.tolist(), strict=True):
+            self._policy.set_tag(block, tag)
 
     def block_tables(self, ids) -> np.ndarray:
         """Block tables of ``ids``, padded with -1.

@@ -38,7 +38,7 @@ class PrefixMixin:
         self._hash[block] = _hash64(key)
         if self._register(block):  # else the first block with this key stays registered
             self._event(BlockEvents.STORED, block)
-            self._policy.registered(block, self._content_parent(table, index))
+            self._policy.registered(block, self._content_parent(table, index), index)
 
     def _parent_hash(self, slot: int, index: int) -> int | None:
         """The hash block ``index`` of sequence ``slot`` chains onto (``None``: unhashed).

@@ -1,0 +1,277 @@
+"""Eviction policies written by their user: a priority over a block's features.
+
+A priority policy is one numba function ``priority(f) -> int`` over a :class:`BlockFeatures`
+record. Among the candidates (every cached block, or only the leaves of the cached prefix
+forest) an allocation evicts the one with the smallest priority, the earliest released first on
+ties. kvnumba compiles the function once per process as a C callback and its kernels call it
+through its address, so the policy runs inside the same compiled kernels as the built-in
+policies: rollback, ``check()``, block events, page pools, the simulator, the sweeps and the
+benchmarks take it without a change anywhere else.
+
+When a priority is evaluated
+    When a block is released into the cache, and again while it stays cached whenever one of
+    its features other than the clocks changes: it becomes an orphan, its next-use hint or its
+    tag is set, or (unless only leaves are candidates, which have no children) a child of it
+    enters or leaves the cache. ``clock`` and ``age`` are their values at that moment; a policy
+    that ages its blocks does it through ``age``, as GreedyDual does.
+
+See ``docs/eviction.md`` ("Your own policy") for a tutorial, and :mod:`kvnumba.policies` for
+the policies kvnumba ships written this way.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit, types
+from numba.core import config
+from numba.core.registry import CPUDispatcher
+
+__all__ = ["BlockFeatures", "PriorityPolicy", "priority_policy", "resolve"]
+
+
+class BlockFeatures(NamedTuple):
+    """What a priority function knows about a cached block (all int64).
+
+    Attributes
+    ----------
+    block : int
+        The block's id in the pool.
+    hits : int
+        Prefix hits on the block since its content was registered.
+    stamp : int
+        Its release stamp: releases into the cache before this one (release order, so also the
+        order of last use: a block is used until it is released).
+    clock : int
+        Releases into the cache so far (the stamp the next release gets).
+    age : int
+        The largest priority a block an allocation evicted had so far (0 before the first, and
+        never below 0): GreedyDual's inflation value.
+    depth : int
+        The block's position in its sequence when it was registered (0: the first block).
+    children : int
+        Its children in the cached prefix forest: cached blocks registered right after it.
+    orphan : int
+        1 if the block's parent content is no longer registered: no prompt can reach the block
+        through a prefix any more.
+    next_use : int
+        The hint given with ``set_next_use`` (-1: none). The simulator gives a policy made with
+        ``hindsight=True`` the trace position of the block's next use.
+    tag : int
+        The tag given with ``set_tags`` (0 until then; reset when the block is registered).
+    length : int
+        Tokens of the sequence whose release cached the block, at that release.
+    block_size : int
+        Tokens per block.
+    """
+
+    block: int
+    hits: int
+    stamp: int
+    clock: int
+    age: int
+    depth: int
+    children: int
+    orphan: int
+    next_use: int
+    tag: int
+    length: int
+    block_size: int
+
+
+#: Fields of the feature record, in the order the kernels write them.
+FEATURES = BlockFeatures._fields
+NUM_FEATURES = len(FEATURES)
+
+
+class PriorityPolicy:
+    """An eviction policy given by a priority over :class:`BlockFeatures` (smallest evicted).
+
+    Parameters
+    ----------
+    priority : callable
+        ``priority(features) -> int``, a numba ``@njit`` function or a plain function that numba
+        can compile. It must not raise, and should be pure: it may be called again for a block
+        whose features changed.
+    name : str
+        The policy's name, as ``mgr.eviction``, the simulator's reports and the sweep rows show
+        it. Must not be the name of a built-in policy.
+    leaves_only : bool, default False
+        Only leaves of the cached prefix forest (cached blocks with no cached child) are
+        candidates, as in SGLang's radix cache: a prefix is never cut above a cached suffix.
+    hindsight : bool, default False
+        The policy reads ``next_use`` as the simulator's future knowledge: a simulator option
+        only (the simulator then gives each block the position of its next use).
+
+    Examples
+    --------
+    >>> from numba import njit
+    >>> @njit
+    ... def oldest_first(f):
+    ...     return f.stamp
+    >>> fifo_like = PriorityPolicy(oldest_first, name="by-stamp")
+    >>> fifo_like.name
+    'by-stamp'
+    """
+
+    def __init__(self, priority, *, name: str, leaves_only: bool = False, hindsight=False):
+        from kvnumba.eviction import BUILTIN_POLICIES
+
+        if not callable(priority):
+            raise TypeError(f"priority must be callable, got {type(priority).__name__}")
+        if not isinstance(name, str) or not name or name in BUILTIN_POLICIES:
+            raise ValueError(
+                f"a priority policy needs a name other than a built-in policy's, got {name!r}"
+            )
+        self.name = name
+        self.leaves_only = bool(leaves_only)
+        self.hindsight = bool(hindsight)
+        self.priority = priority if isinstance(priority, CPUDispatcher) else njit(priority)
+        self._address: int | None = None
+        self._callback = None
+
+    def __repr__(self) -> str:
+        return (
+            f"PriorityPolicy({getattr(self.priority, '__name__', '?')}, name={self.name!r}, "
+            f"leaves_only={self.leaves_only}, hindsight={self.hindsight})"
+        )
+
+    def __getstate__(self):
+        # The compiled callback belongs to this process; another one compiles its own.
+        state = self.__dict__.copy()
+        state["_address"], state["_callback"] = None, None
+        return state
+
+    def python_priority(self, features: BlockFeatures) -> int:
+        """The priority of ``features`` computed by the function run as Python (the reference
+        model's way).
+
+        Parameters
+        ----------
+        features : BlockFeatures
+            The block's features.
+
+        Returns
+        -------
+        int
+        """
+        fn = getattr(self.priority, "py_func", self.priority)
+        return int(fn(features))
+
+    def address(self) -> int:
+        """The address the kernels call (compiled on first use, once per process).
+
+        Returns
+        -------
+        int
+            A C function ``int64 (int64 *record)``; under ``NUMBA_DISABLE_JIT`` a key of the
+            Python registry the kernels, then run as Python, look the function up in.
+        """
+        if self._address is None:
+            if config.DISABLE_JIT:
+                self._address = _register_python(self)
+            else:
+                self._callback = _compile_callback(self.priority)
+                self._address = int(self._callback.address)
+        return self._address
+
+
+def priority_policy(name: str, *, leaves_only: bool = False, hindsight: bool = False):
+    """Decorator: a :class:`PriorityPolicy` named ``name`` from a priority function.
+
+    Parameters
+    ----------
+    name : str
+        The policy's name.
+    leaves_only, hindsight : bool
+        As for :class:`PriorityPolicy`.
+
+    Returns
+    -------
+    callable
+        ``decorator(priority) -> PriorityPolicy``.
+
+    Examples
+    --------
+    >>> @priority_policy("hit-aware-lru")
+    ... def hit_aware(f):
+    ...     return f.stamp + 1000 * f.hits
+    >>> hit_aware.leaves_only
+    False
+    """
+
+    def decorate(priority) -> PriorityPolicy:
+        return PriorityPolicy(priority, name=name, leaves_only=leaves_only, hindsight=hindsight)
+
+    return decorate
+
+
+def resolve(spec) -> PriorityPolicy:
+    """The priority policy ``spec`` names.
+
+    Parameters
+    ----------
+    spec : PriorityPolicy or str
+        A policy object, the name of a policy of :mod:`kvnumba.policies`, or
+        ``"package.module:attribute"`` naming a :class:`PriorityPolicy` (how the command line,
+        the sweeps' workers and a configuration file name a policy of their own).
+
+    Returns
+    -------
+    PriorityPolicy
+
+    Raises
+    ------
+    ValueError
+        If ``spec`` names nothing of the kind.
+    """
+    if isinstance(spec, PriorityPolicy):
+        return spec
+    if isinstance(spec, str) and ":" in spec:
+        module, _, attribute = spec.partition(":")
+        try:
+            found = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot load eviction policy {spec!r}: {exc}") from None
+        if not isinstance(found, PriorityPolicy):
+            raise ValueError(f"{spec!r} is a {type(found).__name__}, not a PriorityPolicy")
+        return found
+    from kvnumba.policies import SHIPPED
+
+    if isinstance(spec, str) and spec in SHIPPED:
+        return SHIPPED[spec]
+    raise ValueError(f"{spec!r} names no priority policy")
+
+
+# --- compiling the callback ------------------------------------------------------------------
+def _compile_callback(priority):
+    """``priority`` wrapped as a C callback ``int64 (int64 *record)``."""
+    from numba import carray, cfunc
+
+    @cfunc(types.int64(types.CPointer(types.int64)))
+    def wrapper(p):
+        r = carray(p, (NUM_FEATURES,))
+        features = BlockFeatures(
+            r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11]
+        )
+        return np.int64(priority(features))
+
+    return wrapper
+
+
+#: Under ``NUMBA_DISABLE_JIT``: the policies the Python kernels call, by their key.
+_PYTHON_PRIORITIES: dict[int, PriorityPolicy] = {}
+
+
+def _register_python(policy: PriorityPolicy) -> int:
+    key = len(_PYTHON_PRIORITIES) + 1
+    _PYTHON_PRIORITIES[key] = policy
+    return key
+
+
+def call_python(key: int, record) -> int:
+    """The priority of the policy registered under ``key`` for a feature record (the kernels'
+    call when they run as Python)."""
+    return _PYTHON_PRIORITIES[int(key)].python_priority(BlockFeatures(*(int(x) for x in record)))
