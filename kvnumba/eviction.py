@@ -43,18 +43,43 @@ def is_priority_spec(eviction) -> bool:
 
 
 def policy_name(eviction) -> str:
-    """The name a policy is reported under (its own for a policy object).
+    """The name a policy is reported under: a built-in name itself, a priority policy its own
+    name (also when ``"module:attribute"`` names it).
 
     Parameters
     ----------
     eviction : str or PriorityPolicy
-        A policy as ``policy_code`` takes it.
+        A valid policy as ``policy_code`` takes it.
 
     Returns
     -------
     str
     """
-    return eviction if isinstance(eviction, str) else getattr(eviction, "name", repr(eviction))
+    if is_priority_spec(eviction):
+        from kvnumba.priority import resolve
+
+        return resolve(eviction).name
+    return eviction
+
+
+def needs_future(eviction) -> bool:
+    """Whether policy ``eviction`` reads the future of a trace (the simulator gives its manager
+    next-use hints): ``oracle``, or a priority policy made with ``hindsight=True``.
+
+    Parameters
+    ----------
+    eviction : str or PriorityPolicy
+        A valid policy as ``policy_code`` takes it.
+
+    Returns
+    -------
+    bool
+    """
+    if is_priority_spec(eviction):
+        from kvnumba.priority import resolve
+
+        return resolve(eviction).hindsight
+    return eviction in HINDSIGHT_POLICIES
 
 
 def policy_code(name, *, hindsight: bool = False) -> int:
@@ -162,3 +187,24 @@ def check_tags(policy: str, num_blocks: int, blocks, tags, *, priority: bool) ->
         raise ValueError(f"tags has {tags.shape[0]} entries for {blocks.shape[0]} blocks")
     if blocks.size and (blocks.min() < 0 or blocks.max() >= num_blocks):
         raise ValueError(f"block ids must be in [0, {num_blocks})")
+
+
+def is_valid_policy(eviction, *, hindsight: bool = True) -> bool:
+    """Whether ``policy_code`` accepts ``eviction`` (loading a ``"module:attribute"`` policy).
+
+    Parameters
+    ----------
+    eviction : object
+        What to test.
+    hindsight : bool
+        Whether policies that need the future are allowed.
+
+    Returns
+    -------
+    bool
+    """
+    try:
+        policy_code(eviction, hindsight=hindsight)
+    except ValueError:
+        return False
+    return True

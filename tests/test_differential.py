@@ -38,31 +38,13 @@ import numpy as np
 # The state machines' views of kernel state that the reference exposes directly.
 from test_stateful import lru_order
 from test_stateful_pages import kernel_cache_only, kernel_owners, reference_owners
+from user_policies import AGING_LEAVES, every_feature
 
 import kvnumba
 from kvnumba import KVCacheGroup
 from kvnumba.eviction import BUILTIN_POLICIES, HINDSIGHT_POLICIES, SIMULATOR_POLICIES
-from kvnumba.priority import PriorityPolicy, priority_policy
 from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
 
-
-@priority_policy("every-feature")
-def every_feature(f):
-    """A user's policy reading every feature (all cached blocks are candidates): it makes the
-    two sides agree on each feature's value at each evaluation, not only on the order."""
-    score = f.stamp * 7 - f.hits * 5 + f.children * 3 - f.orphan * 1000 + f.depth
-    score += (f.next_use % 5) + (f.tag % 3) * 2 + f.length + f.block_size - f.clock // 3
-    return score + f.age // 2 + f.block % 2
-
-
-def _aging_leaves(f):
-    if f.orphan:
-        return -5
-    return f.age + f.hits * 2 + (f.tag & 1) + (f.length // (f.block_size * 2))
-
-
-#: A leaves-only one, GreedyDual-like (its keys read the age), made from a plain function.
-AGING_LEAVES = PriorityPolicy(_aging_leaves, name="aging-leaves", leaves_only=True)
 #: The policies a manager draws from.
 POLICIES = (*SIMULATOR_POLICIES, every_feature, AGING_LEAVES)
 POLICY_NAMES = (*SIMULATOR_POLICIES, every_feature.name, AGING_LEAVES.name)

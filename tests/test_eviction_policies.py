@@ -23,7 +23,7 @@ from eviction_scenarios import hold, make, use
 import kvnumba
 from kvnumba import InvariantViolation, PoolExhausted
 from kvnumba._state import F_ORPHAN, L_GEN, L_HEAP, L_PARENT, M_HAND, M_HEAP_N, W_KEY, W_STAMP
-from kvnumba.eviction import EVICTION_POLICIES, SIMULATOR_POLICIES
+from kvnumba.eviction import BUILTIN_POLICIES, EVICTION_POLICIES, SIMULATOR_POLICIES
 from kvnumba.reference import ReferenceBlockManager
 
 IMPLS = pytest.mark.parametrize("impl", [kvnumba.BlockManager, ReferenceBlockManager])
@@ -51,11 +51,13 @@ def test_an_lru_manager_keeps_no_policy_state():
     assert lru._arenas.arena.nbytes < lfu._arenas.arena.nbytes
 
 
-@pytest.mark.parametrize("policy", EVICTION_POLICIES)
-def test_set_next_use_is_the_oracles_only(policy):
+@pytest.mark.parametrize("policy", BUILTIN_POLICIES)
+def test_hints_and_tags_are_for_oracle_and_priority_policies_only(policy):
     mgr = kvnumba.BlockManager(4, 2, eviction=policy)
     with pytest.raises(ValueError, match="oracle"):
         mgr.set_next_use([0], [1])
+    with pytest.raises(ValueError, match="priority"):
+        mgr.set_tags([0], [1])
 
 
 @pytest.mark.parametrize(

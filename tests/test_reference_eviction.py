@@ -17,7 +17,7 @@ import pytest
 from eviction_scenarios import hold, use
 
 from kvnumba.errors import InvariantViolation, PoolExhausted, SequenceTooLong, TooManySequences
-from kvnumba.eviction import EVICTION_POLICIES, SIMULATOR_POLICIES
+from kvnumba.eviction import BUILTIN_POLICIES, EVICTION_POLICIES, SIMULATOR_POLICIES
 from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
 from kvnumba.reference._common import _STATE
 from kvnumba.reference.eviction import ORPHAN_AT_BIRTH, ROOT
@@ -49,7 +49,7 @@ def test_policy_names_and_validation():
         ReferenceBlockManager(4, 2, eviction="oracle")
 
 
-@pytest.mark.parametrize("policy", EVICTION_POLICIES)
+@pytest.mark.parametrize("policy", BUILTIN_POLICIES)
 def test_set_next_use_is_oracle_only(policy):
     mgr, _ = make(4, policy)
     with pytest.raises(ValueError, match="oracle"):

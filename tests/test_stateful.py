@@ -12,11 +12,12 @@ import numpy as np
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from user_policies import USER_POLICIES
 
 import kvnumba
 from kvnumba import KVCacheGroup
 from kvnumba._state import F_TRIMMED, M_FREE_TOP, M_LRU_HEAD, NIL
-from kvnumba.eviction import EVICTION_POLICIES
+from kvnumba.eviction import BUILTIN_POLICIES, EVICTION_POLICIES
 from kvnumba.reference import ReferenceBlockManager
 from kvnumba.windows import first_needed_block
 
@@ -81,7 +82,7 @@ class KernelsVersusReference(RuleBasedStateMachine):
         max_seqs=st.integers(3, 10),
         prefix_caching=st.booleans(),
         reserved_blocks=st.sampled_from([0, 0, 1, 2]),
-        eviction=st.sampled_from(EVICTION_POLICIES),
+        eviction=st.sampled_from((*EVICTION_POLICIES, *USER_POLICIES)),
         data=st.data(),
     )
     def setup(
@@ -322,6 +323,17 @@ class KernelsVersusReference(RuleBasedStateMachine):
         assert (self.kv.state.htab == -1).all()
         assert not (self.kv.state.block_flags & 6).any()  # F_HASHED | F_REGISTERED
 
+    @rule(data=st.data(), tags=st.booleans())
+    def hint_or_tag(self, data, tags):
+        """A priority policy's next-use hints or tags (a ValueError elsewhere, on both sides)."""
+        n = self.kv.num_blocks
+        blocks = data.draw(st.lists(st.integers(0, n - 1), max_size=3), label="blocks")
+        values = data.draw(st.lists(st.integers(-1, 9), min_size=len(blocks), max_size=len(blocks)))
+        call = "set_tags" if tags else "set_next_use"
+        if self.kv.eviction not in BUILTIN_POLICIES:
+            event(f"priority {call}")
+        self.both(call, blocks, values)
+
     @rule(data=st.data())
     def can_append(self, data):
         ids = self.pick(data)
@@ -412,7 +424,7 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
         prefix_caching=st.sampled_from([True, True, True, False]),
         reserved_blocks=st.sampled_from([0, 0, 1]),
         hash_bits=st.sampled_from([64, 64, 1]),
-        eviction=st.sampled_from(EVICTION_POLICIES),
+        eviction=st.sampled_from((*EVICTION_POLICIES, *USER_POLICIES)),
         data=st.data(),
     )
     def setup(self, num_blocks, block_size, max_seqs, block_keys, prefix_caching, data, **flags):

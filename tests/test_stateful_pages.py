@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from test_stateful import windows
+from user_policies import USER_POLICIES
 
 import kvnumba
 from kvnumba._kernels.physical_pages import O_CLIENT, O_VIRTUAL
@@ -81,7 +82,9 @@ class PagesVersusReference(RuleBasedStateMachine):
         pool_pages=st.integers(2, 7),
         block_size=st.sampled_from([1, 2, 3]),
         evictions=st.lists(
-            st.sampled_from(EVICTION_POLICIES), min_size=MANAGERS, max_size=MANAGERS
+            st.sampled_from((*EVICTION_POLICIES, *USER_POLICIES)),
+            min_size=MANAGERS,
+            max_size=MANAGERS,
         ),
         data=st.data(),
     )

@@ -490,7 +490,7 @@ def test_cli_policy_option_and_grid_file(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(sweeps, "_dask_client", None)
     argv = ["--trace", "azure", "--eviction", "lru,fifo", "--out", str(tmp_path / "o")]
     assert sweep_main(argv) == 2
-    assert "--eviction: 'fifo' is not one of lru, lfu, sieve, leaf-lru, oracle" in (
+    assert "--eviction: 'fifo' is not one of lru, lfu, sieve, leaf-lru, t-lru, rlt, leaf-lfu" in (
         capsys.readouterr().err
     )
     grid = tmp_path / "grid.toml"

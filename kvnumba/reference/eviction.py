@@ -412,7 +412,7 @@ class PriorityRulePolicy(LeafLruPolicy):
     """
 
     name: str = ""
-    rule: object = field(default=None, repr=False)
+    rule: object = field(default=None, repr=False, compare=False)
     hits: list[int] = field(repr=False)
     hint: list[int] = field(repr=False)
     tag: list[int] = field(repr=False)

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
+from kvnumba.eviction import SIMULATOR_POLICIES, is_valid_policy, needs_future
 from kvnumba.sim._progress import progress_bar
 from kvnumba.sim.cost import DEFAULT_COST, CostModel
 from kvnumba.sim.report import (
@@ -74,6 +74,15 @@ def _non_negative_float(text: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
+
+
+def _eviction_policy(text: str) -> str:
+    if not is_valid_policy(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not one of {', '.join(SIMULATOR_POLICIES)} nor 'module:attribute' "
+            "naming a PriorityPolicy"
+        )
+    return text
 
 
 def _token_limit(text: str) -> int | None:
@@ -213,10 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument(
         "--eviction",
-        choices=SIMULATOR_POLICIES,
+        type=_eviction_policy,
         default="lru",
-        help="eviction policy: %(choices)s; 'oracle' uses the future of the trace (needs "
-        "hash_ids) as a reference point; see docs/eviction.md (default: lru)",
+        metavar="POLICY",
+        help=f"eviction policy: {', '.join(SIMULATOR_POLICIES)}, or 'module:attribute' naming a "
+        "PriorityPolicy of your own; 'oracle' uses the future of the trace (needs hash_ids) as "
+        "a reference point; see docs/eviction.md (default: lru)",
     )
     window = p.add_mutually_exclusive_group()
     window.add_argument(
@@ -476,7 +487,7 @@ def _main(argv: list[str], t_start: float) -> int:
     if not requests:
         print(f"kvnumba simulate: {trace_path}: no requests", file=sys.stderr)
         return 2
-    if args.eviction in HINDSIGHT_POLICIES and any(r.hash_ids is None for r in requests):
+    if needs_future(args.eviction) and any(r.hash_ids is None for r in requests):
         print(
             f"kvnumba simulate: --eviction {args.eviction} needs a trace with hash_ids "
             f"(a Mooncake trace) to know when each block is used again; {trace_path} has none",

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvnumba.eviction import HINDSIGHT_POLICIES, policy_code
+from kvnumba.eviction import needs_future, policy_code, policy_name
 from kvnumba.sim.cost import (
     DEFAULT_COST,
     LATENCY_FIELDS,
@@ -82,24 +82,26 @@ DEFAULT_MAX_SEQ_LEN = 196_608
 DEFAULT_STEP_MS = 30.0
 
 
-def policy_arguments(eviction: str) -> dict:
+def policy_arguments(eviction) -> dict:
     """The manager keyword arguments that select eviction policy ``eviction``.
 
     Parameters
     ----------
-    eviction : str
-        A name of :data:`kvnumba.eviction.SIMULATOR_POLICIES`.
+    eviction : str or PriorityPolicy
+        A name of :data:`kvnumba.eviction.SIMULATOR_POLICIES`, a priority policy, or
+        ``"module:attribute"`` naming one.
 
     Returns
     -------
     dict
         Empty for ``lru``, every manager's default (so a run under LRU builds exactly the
         manager it always did); ``{"eviction": eviction}`` otherwise, with ``_hindsight=True``
-        for a policy that needs the future of the trace (``oracle``).
+        for a policy that needs the future of the trace (``oracle``, a priority policy made
+        with ``hindsight=True``).
     """
     if eviction == "lru":
         return {}
-    if eviction in HINDSIGHT_POLICIES:
+    if needs_future(eviction):
         return {"eviction": eviction, "_hindsight": True}
     return {"eviction": eviction}
 
@@ -462,7 +464,7 @@ class Simulator:
             raise ValueError(f"invalid simulation config {cfg}")
         policy_code(cfg.eviction, hindsight=True)  # ValueError naming the known policies
         self.keys = keys if keys is not None else block_keys(self.requests, cfg.block_size)
-        hindsight = cfg.eviction in HINDSIGHT_POLICIES
+        hindsight = needs_future(cfg.eviction)
         if hindsight and self.keys is None:
             raise ValueError(
                 f"eviction {cfg.eviction!r} needs to know when each block is used again: a "
@@ -481,8 +483,9 @@ class Simulator:
             **policy,
             **window,
         )
-        built = getattr(self.manager, "eviction", cfg.eviction)
-        if built != cfg.eviction:  # a factory that dropped the policy would mislabel the run
+        name = policy_name(cfg.eviction)
+        built = getattr(self.manager, "eviction", name)
+        if built != name:  # a factory that dropped the policy would mislabel the run
             raise ValueError(
                 f"the manager factory built a manager with eviction {built!r}, not {cfg.eviction!r}"
             )
@@ -730,7 +733,7 @@ class Simulator:
             alloc_ns=np.asarray(alloc, np.int64),
             replay_s=time.perf_counter() - t_start,
             step_ms=cfg.step_ms,
-            eviction=cfg.eviction,
+            eviction=policy_name(cfg.eviction),
             unreachable=None if census is None else np.asarray(census.unreachable, np.int64),
             unreachable_cached=None if census is None else np.asarray(census.cached, np.int64),
             prefill_computed=np.asarray(computed, np.int64),

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvnumba.eviction import SIMULATOR_POLICIES
+from kvnumba.eviction import SIMULATOR_POLICIES, is_valid_policy
 from kvnumba.sim.cli import add_cost_options, interrupted
 from kvnumba.sim.scheduler import DEFAULT_MAX_SEQ_LEN, DEFAULT_STEP_MS
 
@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         (
             "--eviction",
             "NAME",
-            f"eviction policies: {', '.join(SIMULATOR_POLICIES)} (default lru)",
+            f"eviction policies: {', '.join(SIMULATOR_POLICIES)}, or 'module:attribute' naming "
+            "a PriorityPolicy of your own (default lru)",
         ),
         (
             "--sliding-window",
@@ -201,9 +202,14 @@ def _token_limit(text, flag: str) -> int | None:
 
 
 def _policy(text, flag: str) -> str:
-    name = str(text).strip().lower()
-    if name not in SIMULATOR_POLICIES:
-        raise UsageError(f"{flag}: {text!r} is not one of {', '.join(SIMULATOR_POLICIES)}")
+    name = str(text).strip()
+    if ":" not in name:  # a built-in or shipped name; "module:attribute" keeps its case
+        name = name.lower()
+    if not is_valid_policy(name):
+        raise UsageError(
+            f"{flag}: {text!r} is not one of {', '.join(SIMULATOR_POLICIES)} nor "
+            "'module:attribute' naming a PriorityPolicy"
+        )
     return name
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvnumba.eviction import HINDSIGHT_POLICIES, SIMULATOR_POLICIES
+from kvnumba.eviction import SIMULATOR_POLICIES, is_valid_policy, needs_future
 from kvnumba.sim._progress import progress_bar
 from kvnumba.sim.cost import DEFAULT_COST, CostModel
 from kvnumba.sim.ideal import BlockKeys, block_keys
@@ -328,8 +328,8 @@ def make_grid(
     policies = _values(
         "eviction",
         eviction,
-        lambda v: isinstance(v, str) and v in SIMULATOR_POLICIES,
-        f"one of {', '.join(SIMULATOR_POLICIES)}",
+        lambda v: isinstance(v, str) and is_valid_policy(v),
+        f"one of {', '.join(SIMULATOR_POLICIES)} or 'module:attribute' naming a PriorityPolicy",
     )
     windows = _values(
         "sliding_window", sliding_window, _optional(_positive_int), "an integer >= 1 or None"
@@ -412,7 +412,7 @@ def check_traces(points: Sequence[SweepPoint]) -> None:
         line), holds no requests, or has no ``hash_ids`` while the grid runs it under a policy
         that needs them (``oracle``).
     """
-    hindsight = {(p.trace, p.limit) for p in points if p.eviction in HINDSIGHT_POLICIES}
+    hindsight = {(p.trace, p.limit) for p in points if needs_future(p.eviction)}
     for trace, limit in dict.fromkeys((p.trace, p.limit) for p in points):
         try:
             requests = _load(trace, limit)
@@ -421,7 +421,7 @@ def check_traces(points: Sequence[SweepPoint]) -> None:
         if not requests:
             raise GridError(f"trace {trace!r} holds no requests")
         if (trace, limit) in hindsight and any(r.hash_ids is None for r in requests):
-            policies = sorted({p.eviction for p in points if p.eviction in HINDSIGHT_POLICIES})
+            policies = sorted({p.eviction for p in points if needs_future(p.eviction)})
             raise GridError(
                 f"eviction {', '.join(policies)} needs a trace with hash_ids (Mooncake .jsonl) "
                 f"to know when each block is used again; trace {trace!r} has none"

@@ -1,0 +1,291 @@
+"""Priority policies (``kvnumba.priority``): a user's function over block features, compiled into
+the kernels' policy machinery.
+
+The differential run and the stateful machines draw the test-file policies of
+``tests/user_policies.py``; this file proves the rest: a priority written as a built-in policy's
+rule chooses the built-in's victims, the simulator feeds a hindsight priority the future, the
+shipped policies follow their stated rules, planted bugs are caught, bad input is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numba import njit
+from user_policies import AGING_LEAVES, every_feature
+
+import kvnumba
+from kvnumba.eviction import needs_future, policy_code, policy_name
+from kvnumba.priority import BlockFeatures, PriorityPolicy, priority_policy, resolve
+from kvnumba.reference import ReferenceBlockManager
+from kvnumba.sim import Request, SimConfig, simulate
+
+TESTS = Path(__file__).parent
+
+
+@njit
+def _as_lru(f):
+    return f.stamp
+
+
+@njit
+def _as_leaf_lru(f):
+    return -1 if f.orphan else 0
+
+
+AS_LRU = PriorityPolicy(_as_lru, name="as-lru")
+AS_LEAF_LRU = PriorityPolicy(_as_leaf_lru, name="as-leaf-lru", leaves_only=True)
+
+
+@priority_policy("as-oracle", leaves_only=True, hindsight=True)
+def as_oracle(f):
+    """The simulator's ``oracle`` rule written as a priority (its keys, in the same order)."""
+    if f.orphan:
+        return -(1 << 62) - 1
+    if f.next_use < 0:
+        return -(1 << 62)
+    return -f.next_use
+
+
+def _workload(mgr, seed, steps=1500):
+    """Random admits of prompts over a tiny alphabet and releases; returns the evicted ids."""
+    rng = np.random.default_rng(seed)
+    live = []
+    for _ in range(steps):
+        if len(live) < 3 and rng.random() < 0.55:
+            tokens = rng.integers(0, 2, int(rng.integers(1, 9))).tolist()
+            try:
+                live.append(int(mgr.admit(tokens, [len(tokens)]).ids[0]))
+            except kvnumba.PoolExhausted:
+                pass
+        elif live:
+            mgr.release([live.pop(int(rng.integers(len(live))))])
+        mgr.check()
+    return mgr
+
+
+class Victims:
+    def __init__(self):
+        self.ids = []
+
+    def __call__(self, ids, hashes, tokens):
+        self.ids.extend(ids.tolist())
+
+
+@pytest.mark.parametrize(("priority", "builtin"), [(AS_LRU, "lru"), (AS_LEAF_LRU, "leaf-lru")])
+def test_a_builtin_rule_written_as_a_priority_evicts_the_same_blocks(priority, builtin):
+    seen = {}
+    for eviction in (priority, builtin):
+        victims = Victims()
+        mgr = _workload(kvnumba.BlockManager(10, 2, eviction=eviction, on_evict=victims), 5)
+        seen[policy_name(eviction)] = (victims.ids, mgr.stats())
+    (ours, our_stats), (theirs, their_stats) = seen.values()
+    assert len(ours) > 100 and ours == theirs
+    assert our_stats == their_stats
+
+
+def test_kernels_and_reference_agree_on_a_test_file_policy():
+    for policy in (every_feature, AGING_LEAVES):
+        victims = [Victims(), Victims()]
+        kv = _workload(kvnumba.BlockManager(9, 2, eviction=policy, on_evict=victims[0]), 8)
+        ref = _workload(ReferenceBlockManager(9, 2, eviction=policy, on_evict=victims[1]), 8)
+        assert victims[0].ids == victims[1].ids and len(victims[0].ids) > 100
+        assert kv.stats() == ref.stats() and kv.eviction == ref.eviction == policy.name
+
+
+def _trace(n=120, seed=3):
+    """Requests sharing prefixes of Mooncake-style block hashes (prompts of 2-6 blocks)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        root = int(rng.integers(0, 6))
+        blocks = [root * 100 + j for j in range(int(rng.integers(2, 7)))]
+        out.append(
+            Request(
+                index=i,
+                arrival_ms=float(i * 5),
+                prompt_len=len(blocks) * 16,
+                output_len=8,
+                hash_ids=np.array(blocks, np.int64),
+            )
+        )
+    return out
+
+
+def test_the_simulator_gives_a_hindsight_priority_the_oracles_hints():
+    requests = _trace()
+    results = {}
+    for eviction in ("oracle", as_oracle):
+        r = simulate(requests, SimConfig(num_blocks=24, block_size=16, eviction=eviction))
+        results[policy_name(eviction)] = r.summary()
+    oracle, ours = results["oracle"], results["as-oracle"]
+    assert ours["eviction"] == "as-oracle" and oracle["evictions"] > 20
+    for field in ("evictions", "prefix_hit_rate", "prefill_tokens_computed", "preemptions"):
+        assert ours[field] == oracle[field], field
+
+
+def test_a_hindsight_priority_is_a_simulator_option_only():
+    assert needs_future(as_oracle) and not needs_future(AS_LRU)
+    with pytest.raises(ValueError, match="hindsight"):
+        kvnumba.BlockManager(8, 2, eviction=as_oracle)
+    assert policy_code(as_oracle, hindsight=True) == policy_code("t-lru")
+
+
+def test_a_policy_is_named_by_module_and_attribute(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    assert resolve("user_policies:AGING_LEAVES") is AGING_LEAVES
+    mgr = kvnumba.BlockManager(8, 2, eviction="user_policies:AGING_LEAVES")
+    assert mgr.eviction == "aging-leaves"
+    for bad, words in (
+        ("no_such_module:x", "cannot load"),
+        ("user_policies:nothing", "cannot load"),
+        ("user_policies:USER_POLICIES", "not a PriorityPolicy"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            kvnumba.BlockManager(8, 2, eviction=bad)
+
+
+def test_bad_policies_are_refused():
+    with pytest.raises(TypeError, match="callable"):
+        PriorityPolicy(3, name="x")
+    for name in ("", "lru", "leaf-lru", None):
+        with pytest.raises(ValueError, match="name"):
+            PriorityPolicy(_as_lru, name=name)
+    with pytest.raises(ValueError, match="no priority policy"):
+        resolve("not-a-policy")
+
+
+def test_tags_and_hints_reorder_cached_blocks_at_once():
+    """A tag set on a cached block re-keys it now: the block tagged 'keep' outlives older ones."""
+
+    @njit
+    def keep_tagged(f):
+        return f.stamp + (1 << 40) * f.tag
+
+    policy = PriorityPolicy(keep_tagged, name="keep-tagged")
+    for cls in (kvnumba.BlockManager, ReferenceBlockManager):
+        victims = Victims()
+        mgr = cls(4, 1, eviction=policy, on_evict=victims)
+        for token in range(4):
+            (s,) = mgr.admit([token], [1]).ids
+            mgr.release([s])
+        mgr.set_tags([0], [1])  # block 0, the oldest release
+        mgr.admit([7, 8, 9], [3])
+        assert victims.ids == [1, 2, 3], cls
+        mgr.check()
+        with pytest.raises(ValueError, match="entries|tags"):
+            mgr.set_tags([0, 1], [1])
+        with pytest.raises(ValueError, match="outside|in \\["):
+            mgr.set_tags([4], [1])
+
+
+def test_t_lru_evicts_what_the_next_turn_can_recompute_first():
+    """Two conversations of 8 one-token blocks; with Q = 0 and xi = 3 tokens only the last
+    three blocks of each are safe: they go first, oldest release first, then LRU order."""
+    from kvnumba.policies import t_lru
+
+    policy = t_lru(next_query_tokens=0, slo_tokens=3)
+    for cls in (kvnumba.BlockManager, ReferenceBlockManager):
+        victims = Victims()
+        mgr = cls(16, 1, eviction=policy, on_evict=victims)
+        a = mgr.admit(list(range(8)), [8]).ids
+        b = mgr.admit(list(range(100, 108)), [8]).ids
+        mgr.release(b)
+        mgr.release(a)  # b's blocks are older releases
+        mgr.admit(list(range(200, 208)), [8])
+        tables = {"a": list(range(0, 8)), "b": list(range(8, 16))}
+        safe = [tables["b"][j] for j in (7, 6, 5)] + [tables["a"][j] for j in (7, 6, 5)]
+        assert victims.ids[:6] == safe, cls
+        # Then the protected ones in release order: b's (released first), tail to head.
+        assert victims.ids[6:8] == [tables["b"][4], tables["b"][3]], cls
+
+
+def test_rlt_evicts_leaves_only_and_is_reproducible():
+    runs = []
+    for cls in (kvnumba.BlockManager, kvnumba.BlockManager, ReferenceBlockManager):
+        victims = Victims()
+        _workload(cls(10, 2, eviction="rlt", on_evict=victims), 11)
+        runs.append(victims.ids)
+    assert runs[0] == runs[1] == runs[2] and len(runs[0]) > 100
+
+
+_PLANTED = """
+import numpy as np
+import kvnumba
+from kvnumba.priority import PriorityPolicy
+
+bug = {bug!r}
+mgr = None
+
+def watch(f):
+    # Run as Python (NUMBA_DISABLE_JIT): the kernels' state is readable while they run.
+    s = mgr.state
+    if s.ref[f.block] != 0 or not s.block_flags[f.block] & 4:
+        print("priority of a block that is not cached:", f.block)
+    if bug == "garbage":
+        return (f.block * 7919 + f.clock * 104729) % 1000003 - 500000
+    return -(1 << 62) if f.block % 2 else (1 << 62)
+
+mgr = kvnumba.BlockManager(10, 2, eviction=PriorityPolicy(watch, name="watch"))
+rng = np.random.default_rng(2)
+live = []
+for step in range(400):
+    if len(live) < 3 and rng.random() < 0.55:
+        t = rng.integers(0, 2, int(rng.integers(1, 9))).tolist()
+        try:
+            live.append(int(mgr.admit(t, [len(t)]).ids[0]))
+        except kvnumba.PoolExhausted:
+            pass
+    elif live:
+        mgr.release([live.pop(int(rng.integers(len(live))))])
+    mgr.check()
+print("evictions", mgr.stats().evictions)
+"""
+
+
+@pytest.mark.parametrize("bug", ["garbage", "extremes"])
+def test_a_priority_sees_only_cached_blocks_and_cannot_evict_a_referenced_one(bug):
+    """Whatever a priority returns (scrambled keys, the int64 extremes), it is called for cached
+    blocks only (it never sees a freed or referenced block: the kernels write the record from
+    cached blocks' state) and the victim is a candidate: ``check()`` after every step."""
+    script = textwrap.dedent(_PLANTED.format(bug=bug))
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=dict(os.environ, NUMBA_DISABLE_JIT="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "not cached" not in out.stdout
+    assert int(out.stdout.split()[-1]) > 50
+
+
+def test_a_planted_heap_bug_under_a_priority_policy_is_caught():
+    """A corrupted key (a block sorted before its heap parent) is reported by ``check()``."""
+    from kvnumba._state import L_HEAP, W_KEY
+
+    mgr = kvnumba.BlockManager(8, 1, eviction=every_feature)
+    for token in range(6):
+        (s,) = mgr.admit([token], [1]).ids
+        mgr.release([s])
+    mgr.check()
+    state = mgr._arenas.s  # writable views, as a bug in a kernel would write
+    child = state.pol_links[1, L_HEAP]
+    state.pol_words[child, W_KEY] = -(1 << 60)
+    with pytest.raises(kvnumba.InvariantViolation, match="heap"):
+        mgr.check()
+
+
+def test_features_are_documented_in_record_order():
+    from kvnumba.priority import FEATURES, NUM_FEATURES
+
+    assert FEATURES == BlockFeatures._fields and NUM_FEATURES == 12
+    doc = BlockFeatures.__doc__
+    assert all(name in doc for name in FEATURES)
