@@ -362,3 +362,19 @@ def test_cli_loads_the_kernels_of_its_policy_first(monkeypatch, capsys, policy):
     ((names, kw),) = calls
     other = policy != "lru"
     assert names == (kernels.POLICY if other else kernels.PLAIN) and kw["policy"] == other
+
+
+def test_policy_table_shows_what_the_hits_are_worth():
+    rows = [
+        {**row(100, "lru", 0.2, 0.6), "prefill_tokens_computed": 3_000_000, "ttft_p99_ms": 2500.0},
+        {**row(100, "t-lru", 0.3, 0.6), "prefill_tokens_computed": 2_500_000, "ttft_p99_ms": 900},
+    ]
+    (entry,) = policy_table(rows)
+    assert entry["tokens_computed"] == {"lru": 3_000_000, "t-lru": 2_500_000}
+    assert entry["ttft_p99_ms"] == {"lru": 2500.0, "t-lru": 900}
+    tokens = format_policy_table([entry], "tokens_computed").splitlines()
+    assert tokens[0].split()[-2:] == ["lru", "t-lru"] and tokens[1].split()[-2:] == ["3.00", "2.50"]
+    ttft = format_policy_table([entry], "ttft_p99_ms").splitlines()
+    assert ttft[1].split()[-2:] == ["2.50", "0.90"]
+    with pytest.raises(ValueError, match="metric"):
+        format_policy_table([entry], "latency")

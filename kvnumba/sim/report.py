@@ -575,7 +575,9 @@ def policy_table(rows: Sequence[dict]) -> list[dict]:
         hit rate, policies in the order of
         :data:`kvnumba.eviction.SIMULATOR_POLICIES`) and ``gap_closed`` (policy to
         ``(rate - lru) / (ideal - lru)``: 0 is LRU, 1 the unbounded ideal, negative worse than
-        LRU; ``None`` without an LRU row or an ideal, or when LRU already reaches the ideal).
+        LRU; ``None`` without an LRU row or an ideal, or when LRU already reaches the ideal),
+        ``tokens_computed`` and ``ttft_p99_ms`` (policy to the row's
+        ``prefill_tokens_computed`` and ``ttft_p99_ms``: what the hits are worth).
     """
     from kvnumba.sim.sweeps import CONFIG_COLUMNS
 
@@ -590,11 +592,16 @@ def policy_table(rows: Sequence[dict]) -> list[dict]:
                 **dict(zip(group_columns, key, strict=True)),
                 "ideal_prefix_hit_rate": None,
                 "hit_rate": {},
+                "tokens_computed": {},
+                "ttft_p99_ms": {},
             },
         )
         if r.get("ideal_prefix_hit_rate") is not None:
             entry["ideal_prefix_hit_rate"] = r["ideal_prefix_hit_rate"]
-        entry["hit_rate"][_column(r, "eviction")] = r["prefix_hit_rate"]
+        policy = _column(r, "eviction")
+        entry["hit_rate"][policy] = r["prefix_hit_rate"]
+        entry["tokens_computed"][policy] = r.get("prefill_tokens_computed")
+        entry["ttft_p99_ms"][policy] = r.get("ttft_p99_ms")
 
     def order(policy: str) -> tuple:
         known = policy in SIMULATOR_POLICIES
@@ -620,21 +627,26 @@ def policy_table(rows: Sequence[dict]) -> list[dict]:
     return table
 
 
-def format_policy_table(table: Sequence[dict]) -> str:
+def format_policy_table(table: Sequence[dict], metric: str = "hit_rate") -> str:
     """Text table of :func:`policy_table`: one line per pool size, one column per policy.
 
     Parameters
     ----------
     table : sequence of dict
         :func:`policy_table` of some rows.
+    metric : {"hit_rate", "tokens_computed", "ttft_p99_ms"}
+        What the policy columns show.
 
     Returns
     -------
     str
         The trace, the grid columns that vary, the pool size and the ideal hit rate, then per
         policy its hit rate and, beside each policy but LRU, the share of LRU's gap to the
-        ideal that it closes.
+        ideal that it closes; or its prompt tokens computed (millions), or its modeled TTFT
+        p99 (seconds).
     """
+    if metric not in ("hit_rate", "tokens_computed", "ttft_p99_ms"):
+        raise ValueError(f"unknown metric {metric!r}")
     policies = list(dict.fromkeys(p for entry in table for p in entry["hit_rate"]))
     policies.sort(key=lambda p: SIMULATOR_POLICIES.index(p) if p in SIMULATOR_POLICIES else 99)
     shown = [c for c in SERIES_COLUMNS if c != "eviction"]  # policies are the columns here
@@ -650,7 +662,11 @@ def format_policy_table(table: Sequence[dict]) -> str:
         for p in policies:
             rate = entry["hit_rate"].get(p)
             closed = entry["gap_closed"].get(p)
-            if rate is None:
+            value = entry.get(metric, {}).get(p)
+            if metric != "hit_rate":
+                scale = 1e6 if metric == "tokens_computed" else 1e3
+                cells.append("-" if value is None else f"{value / scale:,.2f}")
+            elif rate is None:
                 cells.append("-")
             elif p == "lru" or closed is None:
                 cells.append(f"{rate:.1%}")

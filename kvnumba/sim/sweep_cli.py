@@ -508,7 +508,12 @@ def main(argv: list[str] | None = None) -> int:
 
             print("\nhit rate of first admissions per eviction policy (gap closed: the share")
             print("of the gap between lru and the ideal, unbounded pool, that a policy closes)")
-            print(format_policy_table(policy_table(result.rows)))
+            table = policy_table(result.rows)
+            print(format_policy_table(table))
+            print("\nprompt tokens computed (millions) per eviction policy")
+            print(format_policy_table(table, "tokens_computed"))
+            print("\nmodeled time to first token, p99 (seconds) per eviction policy")
+            print(format_policy_table(table, "ttft_p99_ms"))
     ran = f"ran {result.ran} simulation{'s' if result.ran != 1 else ''}"
     if result.ran:
         ran += f" on {result.workers} worker{'s' if result.workers != 1 else ''}"
