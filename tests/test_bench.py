@@ -259,3 +259,22 @@ def test_decode_window_releases_blocks_and_both_implementations_agree():
     full = runner.replay(plain, kvnumba.BlockManager)[3]
     assert fast[3].allocations == full.allocations
     assert fast[3].final_blocks != full.final_blocks
+
+
+def test_bench_runs_a_user_policy_named_by_module(monkeypatch, capsys):
+    """A test-file priority policy through ``kvnumba bench``: kernels and reference agree on
+    every counter of a churning workload."""
+    from pathlib import Path
+
+    from kvnumba.bench.cli import main
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    argv = ["--quick", "--workload", "churn", "--repeat", "1", "--json"]
+    assert main([*argv, "--eviction", "user_policies:AGING_LEAVES"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["eviction"] == "user_policies:AGING_LEAVES"
+    (work,) = doc["workloads"]
+    assert work["agree"] and work["kvnumba"]["counters"]["evictions"] > 0
+    with pytest.raises(SystemExit):
+        main([*argv, "--eviction", "fifo"])
+    assert "not one of" in capsys.readouterr().err

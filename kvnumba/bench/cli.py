@@ -15,11 +15,20 @@ import json
 import sys
 
 from kvnumba.bench import one_request, runner, workloads
-from kvnumba.eviction import EVICTION_POLICIES
+from kvnumba.eviction import EVICTION_POLICIES, is_valid_policy
 
 EXIT_DISAGREE = 1
 EXIT_USAGE = 2
 
+
+
+def _eviction_policy(text: str) -> str:
+    if not is_valid_policy(text, hindsight=False):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not one of {', '.join(EVICTION_POLICIES)} nor 'module:attribute' "
+            "naming a PriorityPolicy"
+        )
+    return text
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -51,9 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--eviction",
-        choices=EVICTION_POLICIES,
+        type=_eviction_policy,
+        metavar="POLICY",
         default="lru",
-        help="eviction policy of both implementations (default lru; docs/eviction.md)",
+        help=f"eviction policy of both implementations: {', '.join(EVICTION_POLICIES)}, or "
+        "'module:attribute' naming a PriorityPolicy (default lru; docs/eviction.md)",
     )
     p.add_argument(
         "--impl",
