@@ -21,7 +21,6 @@ EXIT_DISAGREE = 1
 EXIT_USAGE = 2
 
 
-
 def _eviction_policy(text: str) -> str:
     if not is_valid_policy(text, hindsight=False):
         raise argparse.ArgumentTypeError(
@@ -29,6 +28,7 @@ def _eviction_policy(text: str) -> str:
             "naming a PriorityPolicy"
         )
     return text
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
