@@ -289,3 +289,13 @@ def test_features_are_documented_in_record_order():
     assert FEATURES == BlockFeatures._fields and NUM_FEATURES == 12
     doc = BlockFeatures.__doc__
     assert all(name in doc for name in FEATURES)
+
+
+def test_the_tutorials_policy_runs_as_the_docs_say(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS.parent / "docs" / "examples"))
+    victims = [Victims(), Victims()]
+    spec = "tutorial_policy:shallow_first"
+    kv = _workload(kvnumba.BlockManager(10, 2, eviction=spec, on_evict=victims[0]), 4)
+    ref = _workload(ReferenceBlockManager(10, 2, eviction=spec, on_evict=victims[1]), 4)
+    assert kv.eviction == "shallow-first" and victims[0].ids == victims[1].ids
+    assert kv.stats() == ref.stats() and len(victims[0].ids) > 100
