@@ -55,11 +55,8 @@ def policy_name(eviction) -> str:
     -------
     str
     """
-    if is_priority_spec(eviction):
-        from kvnumba.priority import resolve
-
-        return resolve(eviction).name
-    return eviction
+    policy = _priority(eviction)
+    return eviction if policy is None else policy.name
 
 
 def needs_future(eviction) -> bool:
@@ -75,11 +72,17 @@ def needs_future(eviction) -> bool:
     -------
     bool
     """
-    if is_priority_spec(eviction):
-        from kvnumba.priority import resolve
+    policy = _priority(eviction)
+    return eviction in HINDSIGHT_POLICIES if policy is None else policy.hindsight
 
-        return resolve(eviction).hindsight
-    return eviction in HINDSIGHT_POLICIES
+
+def _priority(eviction):
+    """The priority policy ``eviction`` stands for, or None for a built-in name."""
+    if not is_priority_spec(eviction):
+        return None
+    from kvnumba.priority import resolve
+
+    return resolve(eviction)
 
 
 def policy_code(name, *, hindsight: bool = False) -> int:
@@ -104,10 +107,8 @@ def policy_code(name, *, hindsight: bool = False) -> int:
     ValueError
         For any other name, listing the known ones.
     """
-    if is_priority_spec(name):
-        from kvnumba.priority import resolve
-
-        policy = resolve(name)  # ValueError for what names none
+    policy = _priority(name)  # ValueError for what names none
+    if policy is not None:
         if policy.hindsight and not hindsight:
             raise ValueError(
                 f"eviction policy {policy.name!r} reads the future of a trace (hindsight=True): "

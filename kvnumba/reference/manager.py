@@ -526,13 +526,7 @@ class ReferenceBlockManager(
                 f"set_next_use needs the oracle policy or a priority policy, not "
                 f"{self._policy.name!r}"
             )
-        blocks = _as_int_array(block_ids, "block_ids")
-        uses = _as_int_array(next_use, "next_use")
-        if len(blocks) != len(uses):
-            raise ValueError(f"{len(blocks)} block_ids and {len(uses)} next_use values")
-        for i, block in enumerate(blocks.tolist()):
-            if not 0 <= block < self._num_blocks:
-                raise ValueError(f"block_ids[{i}] = {block} is outside the pool")
+        blocks, uses = self._per_block(block_ids, next_use, "next_use")
         if (uses < -1).any():
             raise ValueError("next_use must be >= -1")
         for block, use in zip(blocks.tolist(), uses.tolist(), strict=True):
@@ -559,15 +553,20 @@ class ReferenceBlockManager(
         """
         if not isinstance(self._policy, PriorityRulePolicy):
             raise ValueError(f"set_tags needs a priority policy, not {self._policy.name!r}")
+        blocks, values = self._per_block(block_ids, tags, "tags")
+        for block, tag in zip(blocks.tolist(), values.tolist(), strict=True):
+            self._policy.set_tag(block, tag)
+
+    def _per_block(self, block_ids, values, name: str):
+        """Validated ``(blocks, values)`` of a call giving one value per block of the pool."""
         blocks = _as_int_array(block_ids, "block_ids")
-        values = _as_int_array(tags, "tags")
+        values = _as_int_array(values, name)
         if len(blocks) != len(values):
-            raise ValueError(f"{len(blocks)} block_ids and {len(values)} tags")
+            raise ValueError(f"{len(blocks)} block_ids and {len(values)} {name} values")
         for i, block in enumerate(blocks.tolist()):
             if not 0 <= block < self._num_blocks:
                 raise ValueError(f"block_ids[{i}] = {block} is outside the pool")
-        for block, tag in zip(blocks.tolist(), values.tolist(), strict=True):
-            self._policy.set_tag(block, tag)
+        return blocks, values
 
     def block_tables(self, ids) -> np.ndarray:
         """Block tables of ``ids``, padded with -1.
