@@ -510,10 +510,10 @@ def test_cli_prints_the_policy_table(client, tmp_path, capsys):
     assert sweep_main([*argv, "--out", str(tmp_path), "--no-plot"]) == 0
     out = capsys.readouterr().out
     assert "hit rate of first admissions per eviction policy" in out
-    (head,) = [
-        line for line in out.splitlines() if line.split()[:3] == ["trace", "blocks", "ideal"]
-    ]
-    assert head.split()[3:] == ["lru", "oracle"]
+    heads = [line for line in out.splitlines() if line.split()[:3] == ["trace", "blocks", "ideal"]]
+    # Hit rate, then prompt tokens computed, then TTFT p99: one table each, same columns.
+    assert [head.split()[3:] for head in heads] == [["lru", "oracle"]] * 3
+    assert "prompt tokens computed (millions)" in out and "time to first token, p99" in out
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert sorted((r["eviction"], r["blocks"]) for r in rows) == [
         ("lru", 2000),
