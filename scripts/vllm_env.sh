@@ -17,7 +17,9 @@
 #                                      them); extra ARGS go to pytest (e.g. -p some_plugin, -k
 #                                      expr). Prints one count line a file and a total line;
 #                                      exits with pytest's status.
-#   compare [ARGS...]                  install this checkout, run the selected tests natively,
+#   compare [ARGS...]                  install this checkout, run the selected tests natively
+#                                      (reused while the venv, selection and plugin are the
+#                                      same; KVNUMBA_VLLM_NATIVE=fresh runs them again),
 #                                      then with kvnumba's manager (-p kvnumba.integrations.vllm.
 #                                      pytest_plugin, scripts/vllm-VERSION/allowlist.txt); prints
 #                                      one line "vllm-tests (VERSION): P passed with kvnumba, N
@@ -382,9 +384,23 @@ compare_tests() {
         tests/test_vllm_adapter.py tests/test_vllm_groups_adapter.py) >"$out/adapter.log" 2>&1 \
         || adapter_rc=$?
     tail -1 "$out/adapter.log" >&2
-    log "native run (log: $out/native.log)"
-    (cd "$SRC" && python -m pytest -p no:cacheprovider -p vllm_select -q -rf \
-        --junitxml="$out/native.xml" "${TEST_FILES[@]}" "$@") >"$out/native.log" 2>&1 || true
+    # The native run uses vLLM's own manager: its outcome depends on the environment, the
+    # selection and the selecting plugin, never on this checkout. It is reused while all of those
+    # are unchanged (KVNUMBA_VLLM_NATIVE=fresh runs it again).
+    local key
+    key=$( (vpip freeze --all --exclude kvnumba 2>/dev/null; printf '%s\n' "${TEST_FILES[@]}" "$@";
+        cat "$LISTS/not_applicable.txt" "$HERE/vllm_select.py" "$HERE"/vllm_hf_configs/*.json) |
+        sha1sum | cut -c1-40)
+    if [[ ${KVNUMBA_VLLM_NATIVE:-reuse} != fresh && -f $out/native.key && -f $out/native.xml &&
+        $(cat "$out/native.key") == "$key" ]]; then
+        log "native run: reused, same environment, selection and plugin ($(tail -1 "$out/native.log"))"
+    else
+        log "native run (log: $out/native.log)"
+        rm -f "$out/native.key"
+        (cd "$SRC" && python -m pytest -p no:cacheprovider -p vllm_select -q -rf \
+            --junitxml="$out/native.xml" "${TEST_FILES[@]}" "$@") >"$out/native.log" 2>&1 || true
+        echo "$key" >"$out/native.key"
+    fi
     log "kvnumba run (log: $out/kvnumba.log, per-test manager kinds: $out/kinds.json)"
     local rc=0
     (cd "$SRC" && KVNUMBA_VLLM_ALLOWLIST=$LISTS/allowlist.txt \
