@@ -12,8 +12,10 @@ step_ms)``):
    from its prompt plus the tokens it had generated) and the failed appends are retried;
 3. finished sequences are released in one batched ``release``;
 4. admission: the head of the queue (at most ``max_batch`` running sequences, optionally a
-   prefill token budget) is offered to one batched ``admit(..., atomic=False)``; prompts that
-   did not fit stay queued in order.
+   prefill token budget) is offered to a batched ``admit(..., atomic=False)``; prompts that
+   did not fit stay queued in order. Prompts known not to fit yet are left out of the call
+   (:mod:`kvnumba.sim.offers`), which changes no outcome: the rows are those of one call over
+   the whole head.
 
 Idle stretches (nothing running, nothing waiting) are skipped, not simulated. Only the calls
 that an engine would make on its critical path (``admit``, ``append``, ``release``) are timed;
@@ -72,6 +74,7 @@ from kvnumba.sim.cost import (
 )
 from kvnumba.sim.hindsight import Hints
 from kvnumba.sim.ideal import BlockKeys, block_keys
+from kvnumba.sim.offers import OfferGate
 from kvnumba.sim.traces import Request, output_tokens
 from kvnumba.sim.unreachable import SAMPLE_EVERY, Census, block_census
 
@@ -551,10 +554,15 @@ class Simulator:
         steps, used, cached, running, waiting, alloc = [], [], [], [], [], []
         computed, decoded = [], []  # per step: prompt tokens computed, tokens decoded
         admitted_tokens = cached_tokens = first_tokens = first_cached = cow = 0
-        # After an admit that admitted nothing: (its prompts, the free + cached blocks any of
-        # them needs at least). Until the pool has that many, the same prompts are not offered.
-        gate: tuple | None = None
-        offered: tuple | None = None  # the last offered window's key and concatenated tokens
+        # Waiting prompts that cannot fit yet are not offered (kvnumba.sim.offers).
+        gate = OfferGate(mgr, n, bs, self.keys, cfg.windowed)
+
+        def prompt_tokens(i: int, length: int) -> np.ndarray:
+            toks = token_cache.get(i)
+            if toks is None or toks.size != length:
+                toks = token_cache[i] = reqs[i].tokens(length)
+            return toks
+
         p, step = 0, 0
         ones = np.ones(cfg.max_batch, np.int64)
         hints, census = self._hints, self._census
@@ -633,61 +641,75 @@ class Simulator:
                 keep = ~done
                 r_id, r_req, r_len, r_left = r_id[keep], r_req[keep], r_len[keep], r_left[keep]
 
-            # 4. admit from the head of the queue
+            # 4. admit from the head of the queue: the runs of prompts that may fit, in order
             slots = cfg.max_batch - r_id.size
             if slots > 0 and queue:
                 window = self._window(queue, slots, prompt, generated)
-                st = mgr.stats()
-                available = st.free + st.cached
-                if gate is None or available >= gate[1] or not gate[0].issuperset(window):
-                    lengths = prompt[window] + generated[window]
-                    key = (tuple(window), lengths.tobytes())
-                    if offered is None or offered[0] != key:
-                        for i in [i for i in token_cache if i not in window]:
-                            del token_cache[i]  # keep only the prompts still being offered
-                        parts = []
-                        for i, length in zip(window, lengths.tolist(), strict=True):
-                            toks = token_cache.get(i)
-                            if toks is None or toks.size != length:
-                                toks = token_cache[i] = reqs[i].tokens(length)
-                            parts.append(toks)
-                        offered = (key, np.concatenate(parts))
-                    res = timed(mgr.admit, offered[1], lengths, atomic=False)
-                    ok = np.asarray(res.ok, bool)
-                    win = np.asarray(window, np.int64)
-                    adm = win[ok]
-                    hits = np.asarray(res.num_cached_tokens)
-                    admitted_now, cached_now = int(lengths[ok].sum()), int(hits[ok].sum())
-                    admitted_tokens += admitted_now
-                    cached_tokens += cached_now
-                    computed_now += admitted_now - cached_now
-                    first = ok & ~admitted_once[win]
-                    first_tokens += int(lengths[first].sum())
-                    first_cached += int(hits[first].sum())
-                    admit_order += win[first].tolist()  # in window order, as admit served them
-                    admitted_once[win[first]] = True
-                    first_admit_at[win[first]] = len(steps)
-                    for _ in window:
-                        queue.popleft()
-                    queue.extendleft(reversed(win[~ok].tolist()))  # failed ones keep their place
-                    for i in adm.tolist():
-                        del token_cache[i]
-                    new_ids = np.asarray(res.ids, np.int64)[ok]
-                    if adm.size and (hints is not None or census is not None):
-                        tables = mgr.block_tables(new_ids)
-                        if hints is not None:
-                            hints.after_admit(mgr, adm, tables)
-                        if census is not None:
-                            census.after_admit(mgr, adm, tables)
-                    r_id = np.concatenate([r_id, new_ids])
-                    r_req = np.concatenate([r_req, adm])
-                    r_len = np.concatenate([r_len, lengths[ok]])
-                    r_left = np.concatenate([r_left, output[adm] - generated[adm]])
-                    gate = None
-                    if not ok.any():
-                        gate = (frozenset(window), self._reach(available, offered[1], lengths))
-                    else:
-                        offered = None
+                waiting_now = set(window)
+                for i in [i for i in token_cache if i not in waiting_now]:
+                    del token_cache[i]  # keep only the prompts still being offered
+                win = np.asarray(window, np.int64)
+                lengths = prompt[win] + generated[win]
+                ok = np.zeros(win.size, bool)
+                hits = np.zeros(win.size, np.int64)
+                ids = np.full(win.size, -1, np.int64)
+                k = 0
+                while k < win.size:
+                    st = mgr.stats()
+                    fits = gate.may_fit(win[k:], lengths[k:], st.free + st.cached)
+                    if not fits.any():
+                        break
+                    a = k + int(np.argmax(fits))
+                    b = a + int(np.argmin(fits[a - k :])) if not fits[a - k :].all() else win.size
+                    run = slice(a, b)
+                    tokens = np.concatenate(
+                        [
+                            prompt_tokens(i, int(lengths[i_w]))
+                            for i_w, i in enumerate(window[a:b], a)
+                        ]
+                    )
+                    res = timed(mgr.admit, tokens, lengths[run], atomic=False)
+                    ok[run] = np.asarray(res.ok, bool)
+                    hits[run] = np.asarray(res.num_cached_tokens)
+                    ids[run] = np.asarray(res.ids, np.int64)
+                    gate.admitted(win[run][ok[run]])
+                    failed = np.flatnonzero(~ok[run]) + a
+                    if failed.size and not (cfg.windowed and ok[run].any()):
+                        st = mgr.stats()
+                        gate.failed(
+                            win[failed],
+                            lengths[failed],
+                            np.concatenate([token_cache[i] for i in win[failed].tolist()]),
+                            st.free + st.cached,
+                        )
+                    k = b
+                adm = win[ok]
+                admitted_now, cached_now = int(lengths[ok].sum()), int(hits[ok].sum())
+                admitted_tokens += admitted_now
+                cached_tokens += cached_now
+                computed_now += admitted_now - cached_now
+                first = ok & ~admitted_once[win]
+                first_tokens += int(lengths[first].sum())
+                first_cached += int(hits[first].sum())
+                admit_order += win[first].tolist()  # in window order, as admit served them
+                admitted_once[win[first]] = True
+                first_admit_at[win[first]] = len(steps)
+                for _ in window:
+                    queue.popleft()
+                queue.extendleft(reversed(win[~ok].tolist()))  # failed ones keep their place
+                for i in adm.tolist():
+                    token_cache.pop(i, None)
+                new_ids = ids[ok]
+                if adm.size and (hints is not None or census is not None):
+                    tables = mgr.block_tables(new_ids)
+                    if hints is not None:
+                        hints.after_admit(mgr, adm, tables)
+                    if census is not None:
+                        census.after_admit(mgr, adm, tables)
+                r_id = np.concatenate([r_id, new_ids])
+                r_req = np.concatenate([r_req, adm])
+                r_len = np.concatenate([r_len, lengths[ok]])
+                r_left = np.concatenate([r_left, output[adm] - generated[adm]])
                 if not r_id.size and queue:
                     raise RuntimeError(
                         f"scheduler stalled at step {step}: request {queue[0]} does not fit an "
@@ -744,24 +766,6 @@ class Simulator:
             output_len=output,
             cost=cfg.cost,
         )
-
-    def _reach(self, available: int, tokens: np.ndarray, lengths: np.ndarray) -> int:
-        """Free + cached blocks the pool must hold before prompts that all just failed to fit
-        are offered again.
-
-        At least one more than ``available``. Without a window, a prompt cannot fit before the
-        pool holds the blocks it does not find cached, and that count cannot shrink while no
-        prompt is admitted: decode output never matches a prompt, and a block that a running
-        sequence releases was a hit already while in use. The hits come from one ``lookup``
-        (it claims nothing). Under a window a hit needs only the prompt's last window, so a
-        released block can become one: there, any growth of the pool is a reason to retry.
-        """
-        if self.config.windowed:
-            return available + 1
-        bs = self.config.block_size
-        hits = np.asarray(self.manager.lookup(tokens, lengths).num_cached_tokens) // bs
-        fewest = int((-(-lengths // bs) - hits).min())
-        return max(available + 1, fewest)
 
     def _window(self, queue: deque, slots: int, prompt: np.ndarray, generated: np.ndarray) -> list:
         """Queue head offered to one ``admit``: ``slots`` requests, within the prefill budget."""
