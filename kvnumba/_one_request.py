@@ -128,8 +128,11 @@ class OneRequest:
             counts=np.array([keys.shape[0]]),
         )
 
-    def admit_one(self, manager, tokens, length, salt, keys, max_hit_blocks) -> tuple[int, int]:
-        """``BlockManager.admit_one`` past its fast path."""
+    def admit_one(
+        self, manager, tokens, length, salt, keys, max_hit_blocks, tried=False
+    ) -> tuple[int, int]:
+        """``BlockManager.admit_one`` past its fast path (``tried``: the manager's own try of
+        ``k_admit_one_keys`` failed, so the batched call serves it)."""
         if type(salt) is not int:
             salt = as_int(salt, "salt")
         if max_hit_blocks is None:
@@ -153,7 +156,7 @@ class OneRequest:
         keyed = self.block_keys
         if keys is not None and keyed:
             keys = key_array(keys)
-        if self.fast and cap >= 0 and 1 <= length <= self.max_seq_len:
+        if not tried and self.fast and cap >= 0 and 1 <= length <= self.max_seq_len:
             r = None
             if keyed and not has_tokens:
                 keys_in = NO_KEYS if keys is None else keys

@@ -535,6 +535,10 @@ class BlockManager:
                     if not self._quiet:
                         self._pipeline.after_commit(out)
                     return out
+                # It failed and changed nothing: the batched call raises, without a second try.
+                return self._one.admit_one(
+                    self, tokens, length, salt, keys, max_hit_blocks, tried=True
+                )
         return self._one.admit_one(self, tokens, length, salt, keys, max_hit_blocks)
 
     table_row = part_call("_one", OneRequest.table_row)

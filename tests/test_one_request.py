@@ -173,6 +173,24 @@ def test_admit_one_failure_changes_nothing():
         plain.admit_one(None, length=4)
 
 
+def test_a_failed_fast_admit_one_falls_back_without_a_second_fast_try():
+    # One PoolExhausted costs the fast kernel's try and the batched call that raises: two runs.
+    m = kvnumba.BlockManager(4, 4, max_seqs=2, max_seq_len=32, block_keys=True)
+    m.admit_one(None, length=9, keys=KEYS[:2])
+    runs = []
+    for name in ("k_admit_one_keys", "k_admit_keys"):
+        kernel = getattr(m._kernels, name)
+
+        def counted(*args, _kernel=kernel, _name=name):
+            runs.append(_name)
+            return _kernel(*args)
+
+        setattr(m._kernels, name, counted)
+    with pytest.raises(PoolExhausted):
+        m.admit_one(None, length=16, keys=KEYS[5:9])
+    assert runs == ["k_admit_one_keys", "k_admit_keys"]
+
+
 def test_admit_one_takes_strided_keys_and_refuses_keys_of_another_shape():
     # The keyed fast path passes any strides to the kernel, which checks the row width.
     wide = np.zeros((8, 8), dtype=np.uint64)
