@@ -223,7 +223,7 @@ class NeverForget(OfferGate):
     """A planted bug: bounds survive the admissions that lower them."""
 
     def admitted(self, requests):
-        self._known[requests] = False  # only the admitted requests' own bounds
+        self._length[requests] = -1  # only the admitted requests' own bounds
 
 
 def run_with_gate(monkeypatch, gate, reqs, cfg):

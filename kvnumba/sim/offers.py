@@ -59,10 +59,9 @@ class OfferGate:
         self._block_size = block_size
         self._keys = keys
         self._windowed = windowed
-        self._length = np.full(requests, -1, np.int64)  # the prompt length a bound is for
+        self._length = np.full(requests, -1, np.int64)  # the prompt length bounded; -1: none
         self._lacks = np.zeros(requests, np.int64)
         self._waits_for = np.zeros(requests, np.int64)  # a block key, or one of the two above
-        self._known = np.zeros(requests, bool)
         if keys is not None:
             counts = np.bincount(keys.owner, minlength=requests)
             self._first_key = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
@@ -71,15 +70,15 @@ class OfferGate:
     def may_fit(self, requests: np.ndarray, lengths: np.ndarray, available: int) -> np.ndarray:
         """Which of ``requests`` (with prompts of ``lengths`` tokens) may fit a pool holding
         ``available`` free plus cached blocks: those without a bound, or whose bound is met."""
-        bounded = self._known[requests] & (self._length[requests] == lengths)
+        bounded = self._length[requests] == lengths
         return ~bounded | (self._lacks[requests] <= available)
 
     def admitted(self, requests: np.ndarray) -> None:
         """Forget the bounds that the admission of ``requests`` may have lowered (and theirs)."""
         if requests.size == 0:
             return
-        self._known[requests] = False
-        known = np.flatnonzero(self._known)
+        self._length[requests] = -1
+        known = np.flatnonzero(self._length >= 0)
         if known.size == 0:
             return
         waits_for = self._waits_for[known]
@@ -88,7 +87,7 @@ class OfferGate:
             starts, counts = self._first_key[requests], self._key_count[requests]
             rows = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
             stale |= np.isin(waits_for, self._keys.keys[rows])
-        self._known[known[stale]] = False
+        self._length[known[stale]] = -1
 
     def failed(
         self, requests: np.ndarray, lengths: np.ndarray, tokens: np.ndarray, available: int
@@ -98,7 +97,6 @@ class OfferGate:
         if requests.size == 0:
             return
         self._length[requests] = lengths
-        self._known[requests] = True
         if self._windowed:
             self._lacks[requests] = available + 1
             self._waits_for[requests] = ANY_ADMISSION
