@@ -660,12 +660,13 @@ class Simulator:
                     if not fits.any():
                         break
                     a = k + int(np.argmax(fits))
-                    b = a + int(np.argmin(fits[a - k :])) if not fits[a - k :].all() else win.size
+                    rest = fits[a - k :]  # the run ends at the next prompt that cannot fit
+                    b = a + (rest.size if rest.all() else int(np.argmin(rest)))
                     run = slice(a, b)
                     tokens = np.concatenate(
                         [
-                            prompt_tokens(i, int(lengths[i_w]))
-                            for i_w, i in enumerate(window[a:b], a)
+                            prompt_tokens(i, n)
+                            for i, n in zip(win[run].tolist(), lengths[run].tolist(), strict=True)
                         ]
                     )
                     res = timed(mgr.admit, tokens, lengths[run], atomic=False)
