@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvnumba.eviction import PRIORITY_CODE
+from kvnumba.eviction import POLICY_CODES, PRIORITY_CODE
 from kvnumba.ids import slot_bits
 
 # --- sentinels -----------------------------------------------------------------------------------
@@ -31,6 +31,9 @@ F_TRIMMED = 8
 # Eviction policies ``leaf-lru`` and ``oracle``: a cached block whose parent in the cached prefix
 # forest was evicted or unregistered (it cannot be hit until that prefix is cached again).
 F_ORPHAN = 16
+# Eviction policy ``sieve``: a registered block hit since the hand last passed it (SIEVE's
+# visited bit). A flag, not a column: under sieve a block costs no policy bytes at all.
+F_VISITED = 32
 
 # --- meta slots (int64) ---------------------------------------------------------------------------
 M_FREE_TOP = 0  # number of blocks on the free stack
@@ -95,7 +98,7 @@ M_CACHE_DUPLICATES = M_EXPLICIT_RELEASE + 1
 M_PRIORITY_LEAVES = M_CACHE_DUPLICATES + 1
 
 # --- columns of the eviction policies' per-block fields (``pol_words``, ``pol_links``) ------------
-W_VALUE = 0  # lfu, sieve, priority: hits since registration; oracle: the next use (-1: never)
+W_VALUE = 0  # lfu, priority: hits since registration; oracle: the next use (-1: never)
 W_KEY = 1  # heap priority of a cached block
 W_STAMP = 2  # release stamp of a cached block
 POL_WORDS = 3
@@ -108,6 +111,8 @@ W_DEPTH = 6  # the block's position in its sequence when it was registered
 PRIORITY_POL_WORDS = 7
 L_HEAP = 0  # the heap of evictable blocks, by position
 L_POS = 1  # a block's position in the heap, or -1
+# ``lfu`` keeps the heap only: its rows end here. The forest policies' rows go on.
+HEAP_LINKS = 2
 L_PARENT = 2  # parent in the cached prefix forest (-1: a root; -2: its parent was gone)
 L_PGEN = 3  # the parent's generation when the block registered
 L_GEN = 4  # registrations and unregistrations of the block so far
@@ -253,7 +258,7 @@ STATE_FIELDS = (
         "block_flags",
         np.uint8,
         ("blocks",),
-        "``F_KNOWN | F_HASHED | F_REGISTERED | F_TRIMMED`` bits.",
+        "``F_KNOWN | F_HASHED | F_REGISTERED | F_TRIMMED | F_ORPHAN | F_VISITED`` bits.",
     ),
     Field("tokens", np.int64, ("blocks", "block_size"), "Token payload; -1 where no id is known."),
     Field(
@@ -484,10 +489,24 @@ def state_dims(g: Geometry) -> dict[str, int]:
         "pages": g.num_pages,
         "paged_blocks": g.num_blocks if k else 0,
         "blocks_per_page": k,
-        "policy_blocks": g.num_blocks if g.eviction else 0,
-        "pol_words": PRIORITY_POL_WORDS if g.eviction == PRIORITY_CODE else POL_WORDS,
-        "pol_links": POL_LINKS,
+        "policy_blocks": g.num_blocks if policy_columns(g.eviction)[1] else 0,
+        "pol_words": policy_columns(g.eviction)[0],
+        "pol_links": policy_columns(g.eviction)[1],
     }
+
+
+def policy_columns(eviction: int) -> tuple[int, int]:
+    """Columns of ``pol_words`` and of ``pol_links`` under policy code ``eviction``.
+
+    A policy pays only for the columns it reads: none under ``lru`` and ``sieve`` (whose hand
+    lives in ``meta`` and whose visited bit is :data:`F_VISITED`), the heap under ``lfu``, the
+    heap and the prefix forest under the leaf and priority policies.
+    """
+    if eviction in (0, POLICY_CODES["sieve"]):
+        return 0, 0
+    if eviction == POLICY_CODES["lfu"]:
+        return POL_WORDS, HEAP_LINKS
+    return (PRIORITY_POL_WORDS if eviction == PRIORITY_CODE else POL_WORDS), POL_LINKS
 
 
 def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
@@ -544,8 +563,8 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
     meta[M_EXPLICIT_RELEASE] = 1 if g.explicit_release else 0
     meta[M_CACHE_DUPLICATES] = 1 if g.cache_duplicates else 0
     meta[M_PRIORITY_LEAVES] = 1 if g.priority_leaves else 0
-    if g.eviction:
-        for column in (L_POS, L_PARENT, L_KID, L_SIB_PREV, L_SIB_NEXT):
+    for column in (L_POS, L_PARENT, L_KID, L_SIB_PREV, L_SIB_NEXT):
+        if column < state.pol_links.shape[1]:
             state.pol_links[:, column] = NIL
     if k:
         # Every virtual page unmapped, popped in order 0, 1, ...; no block on the free stack.

@@ -22,7 +22,17 @@ from eviction_scenarios import hold, make, use
 
 import kvnumba
 from kvnumba import InvariantViolation, PoolExhausted
-from kvnumba._state import F_ORPHAN, L_GEN, L_HEAP, L_PARENT, M_HAND, M_HEAP_N, W_KEY, W_STAMP
+from kvnumba._state import (
+    F_ORPHAN,
+    F_VISITED,
+    L_GEN,
+    L_HEAP,
+    L_PARENT,
+    M_HAND,
+    M_HEAP_N,
+    W_KEY,
+    W_STAMP,
+)
 from kvnumba.eviction import BUILTIN_POLICIES, EVICTION_POLICIES, SIMULATOR_POLICIES
 from kvnumba.reference import ReferenceBlockManager
 
@@ -44,11 +54,17 @@ def test_the_policy_is_chosen_at_construction():
         kvnumba.BlockManager(4, 2, eviction="oracle")
 
 
-def test_an_lru_manager_keeps_no_policy_state():
-    lru = kvnumba.BlockManager(64, 2)
-    lfu = kvnumba.BlockManager(64, 2, eviction="lfu")
-    assert lru.state.pol_links.shape == (0, 8) and lfu.state.pol_links.shape == (64, 8)
-    assert lru._arenas.arena.nbytes < lfu._arenas.arena.nbytes
+def test_a_policy_keeps_only_the_per_block_columns_it_reads():
+    shapes = {}
+    for policy in ("lru", "sieve", "lfu", "leaf-lru"):
+        state = kvnumba.BlockManager(64, 2, eviction=policy).state
+        shapes[policy] = (state.pol_words.shape, state.pol_links.shape)
+    # sieve: a flag bit and a hand in meta; lfu: a heap; leaf-lru: a heap and the forest.
+    assert shapes["lru"] == shapes["sieve"] == ((0, 0), (0, 0))
+    assert shapes["lfu"] == ((64, 3), (64, 2))
+    assert shapes["leaf-lru"] == ((64, 3), (64, 8))
+    sizes = {p: kvnumba.BlockManager(64, 2, eviction=p)._arenas.arena.nbytes for p in shapes}
+    assert sizes["lru"] == sizes["sieve"] < sizes["lfu"] < sizes["leaf-lru"]
 
 
 @pytest.mark.parametrize("policy", BUILTIN_POLICIES)
@@ -255,6 +271,19 @@ def test_check_finds_the_sieve_hand_on_a_referenced_block():
     mgr, referenced = _cached_pool("sieve")
     _writable(mgr).meta[M_HAND] = referenced
     with pytest.raises(InvariantViolation, match="sieve: the hand"):
+        mgr.check()
+
+
+@pytest.mark.parametrize("policy", ["sieve", "lfu", "leaf-lru"])
+def test_check_finds_a_visited_bit_where_sieve_cannot_have_set_it(policy):
+    mgr, _ = _cached_pool(policy)
+    partial = mgr.new_sequences(1)
+    mgr.append(partial, [1])  # a block in use that is not registered
+    mgr.check()
+    target = int(mgr.block_tables(partial)[0, 0])
+    # Under sieve only a registered block may be visited; under other policies none.
+    _writable(mgr).block_flags[target] |= F_VISITED
+    with pytest.raises(InvariantViolation, match="visited bit"):
         mgr.check()
 
 

@@ -15,13 +15,13 @@ policies compile together, once, the first time any of them is chosen.
 Every policy keeps the LRU list as the cached blocks in release order (``trim`` and
 ``reset_prefix_cache`` walk it); what it adds: ``lfu``, ``leaf-lru`` and ``oracle`` a binary
 min-heap of evictable blocks ordered by ``(key, stamp)``; ``sieve`` a hand on the list
-and a visited count per block; the leaf policies a forest of cached blocks (a parent link with
-the parent's generation, intrusive lists of cached children). All writes to the per-block
-fields (``pol_words`` and ``pol_links``, columns ``W_*`` and ``L_*``) are logged, so a failed
-logged call rolls them back; the ``meta`` slots are saved whole by such a call.
+and a visited bit per block (the flag ``F_VISITED``: sieve has no per-block fields); the leaf
+policies a forest of cached blocks (a parent link with the parent's generation, intrusive lists
+of cached children). A policy's rows hold only the columns it reads
+(``_state.policy_columns``). All writes to the per-block fields (``pol_words`` and
+``pol_links``, columns ``W_*`` and ``L_*``, and the flags) are logged, so a failed logged call
+rolls them back; the ``meta`` slots are saved whole by such a call.
 """
-
-import inspect
 
 import numpy as np
 from llvmlite import ir
@@ -37,6 +37,7 @@ from kvnumba._kernels.views import header_entry, is_policy, views
 from kvnumba._state import (
     F_ORPHAN,
     F_REGISTERED,
+    F_VISITED,
     FIELD,
     H_DIM0,
     H_DIM1,
@@ -58,7 +59,6 @@ from kvnumba._state import (
     M_POLICY_FAULTS,
     M_PRIORITY_LEAVES,
     NIL,
-    POL_LINKS,
     S_FEATURES,
     S_PRIORITY_FN,
     S_RELEASE_LEN,
@@ -93,9 +93,13 @@ ORPHAN_KEY = NEVER_KEY - 1
 # Inlined at numba's IR level: a helper compiled without NRT may not return an array it made.
 @njit(cache=True, inline="always")
 def pol_links(v):
-    """The ``pol_links`` field (int32, ``L_*`` columns) of views ``v``'s state arena."""
+    """The ``pol_links`` field (int32, ``L_*`` columns) of views ``v``'s state arena: the heap's
+    2 columns under ``lfu``, 8 with the prefix forest, none under ``sieve``."""
     arena = v.arena
-    shape = (header_entry(arena, FIELD.pol_links, H_DIM0), POL_LINKS)
+    shape = (
+        header_entry(arena, FIELD.pol_links, H_DIM0),
+        header_entry(arena, FIELD.pol_links, H_DIM1),
+    )
     return carve(arena, header_entry(arena, FIELD.pol_links, H_OFFSET), shape, np.int32)
 
 
@@ -114,8 +118,9 @@ def pol_words(v):
 @inlined
 def _set_link(v, b, column, value):
     """``pol_links[b, column] = value``, logged (the field's flat index, as ``seq_table``)."""
-    log_write(v, FIELD.pol_links, b * POL_LINKS + column, pol_links(v)[b, column])
-    pol_links(v)[b, column] = value
+    links = pol_links(v)
+    log_write(v, FIELD.pol_links, b * links.shape[1] + column, links[b, column])
+    links[b, column] = value
 
 
 @inlined
@@ -140,8 +145,11 @@ def _place(v, i, b):
     _set_link(v, b, L_POS, i)
 
 
+# The two loops stay out of line, taking the three arenas rather than the views: an
+# out-of-line call passes every argument flattened, and the views are forty arrays.
 @out_of_line
-def _sift_up(v, i):
+def _sift_up_at(arena, scratch, pool, i):
+    v = views(arena, scratch, pool)
     links = pol_links(v)
     b = links[i, L_HEAP]
     while i > 0:
@@ -155,7 +163,8 @@ def _sift_up(v, i):
 
 
 @out_of_line
-def _sift_down(v, i):
+def _sift_down_at(arena, scratch, pool, i):
+    v = views(arena, scratch, pool)
     links = pol_links(v)
     n = v.meta[M_HEAP_N]
     b = links[i, L_HEAP]
@@ -172,7 +181,17 @@ def _sift_down(v, i):
     _place(v, i, b)
 
 
-@out_of_line
+@inlined
+def _sift_up(v, i):
+    _sift_up_at(v.arena, v.scratch, v.pool, i)
+
+
+@inlined
+def _sift_down(v, i):
+    _sift_down_at(v.arena, v.scratch, v.pool, i)
+
+
+@inlined
 def heap_push(v, b):
     """Add block ``b`` (its key and stamp set) to the heap."""
     n = v.meta[M_HEAP_N]
@@ -181,7 +200,7 @@ def heap_push(v, b):
     _sift_up(v, n)
 
 
-@out_of_line
+@inlined
 def heap_remove(v, b):
     """Take block ``b`` out of the heap."""
     i = np.int64(pol_links(v)[b, L_POS])
@@ -195,7 +214,7 @@ def heap_remove(v, b):
         _sift_down(v, np.int64(pol_links(v)[last, L_POS]))
 
 
-@out_of_line
+@inlined
 def heap_fix(v, b):
     """Restore the heap order after block ``b``'s key changed."""
     _sift_up(v, np.int64(pol_links(v)[b, L_POS]))
@@ -227,7 +246,7 @@ def _call_priority_intrinsic(typingctx, scr, address):
 call_priority = _call_priority_python if config.DISABLE_JIT else intrinsic(_call_priority_intrinsic)
 
 
-@out_of_line
+@inlined
 def priority_of(v, b):
     """The priority of cached block ``b`` under a priority policy: its features written to the
     record (``kvnumba.priority.BlockFeatures``, in order), the policy's function called."""
@@ -272,7 +291,7 @@ def leaves_only(v):
     return policy == P_LEAF or policy == P_ORACLE
 
 
-@out_of_line
+@inlined
 def leaf_key(v, b):
     """The heap key of cached block ``b`` under ``leaf-lru``, ``oracle`` or a priority policy."""
     if v.meta[M_POLICY] == P_PRIORITY:
@@ -286,7 +305,7 @@ def leaf_key(v, b):
     return np.int64(NEVER_KEY) if next_use < 0 else -next_use
 
 
-@out_of_line
+@inlined
 def rekey(v, b):
     """Cached block ``b``'s features changed: its key again, the heap order restored."""
     _set_word(v, b, W_KEY, leaf_key(v, b))
@@ -300,7 +319,7 @@ def is_cached(v, b):
     return v.ref[b] == 0 and (v.block_flags[b] & F_REGISTERED) != 0
 
 
-@out_of_line
+@inlined
 def _link_kid(v, b, p):
     first = pol_links(v)[p, L_KID]
     _set_link(v, b, L_SIB_PREV, NIL)
@@ -310,7 +329,7 @@ def _link_kid(v, b, p):
     _set_link(v, p, L_KID, b)
 
 
-@out_of_line
+@inlined
 def _unlink_kid(v, b, p):
     before = pol_links(v)[b, L_SIB_PREV]
     after = pol_links(v)[b, L_SIB_NEXT]
@@ -329,7 +348,7 @@ def _set_flags(v, b, flags):
     set_logged(v, v.block_flags, FIELD.block_flags, b, flags)
 
 
-@out_of_line
+@inlined
 def orphan_kids(v, p):
     """Block ``p`` lost its registration: its cached children become orphans (evicted first
     under the leaf policies; a priority policy sees ``orphan``)."""
@@ -344,20 +363,20 @@ def orphan_kids(v, p):
 
 
 # --- the hooks' policy versions -----------------------------------------------------------------
-@out_of_line
+@inlined
 def enter_cache(v, b):
     """Block ``b`` was just appended to the LRU list (released into the cache)."""
     meta = v.meta
     policy = meta[M_POLICY]
-    if policy == 0:
-        return  # LRU: a windowed manager runs the extended kernels too
+    if policy == 0 or policy == P_SIEVE:
+        return  # LRU (a windowed manager runs the extended kernels too); sieve: the list only
     clock = meta[M_POL_CLOCK]
     meta[M_POL_CLOCK] = clock + 1
     _set_word(v, b, W_STAMP, clock)
     if policy == P_LFU:
         _set_word(v, b, W_KEY, meta[M_POL_AGE] + pol_words(v)[b, W_VALUE])
         heap_push(v, b)
-    elif policy != P_SIEVE:
+    else:
         leaves = leaves_only(v)
         if policy == P_PRIORITY:
             _set_word(v, b, W_LENGTH, v.scr[S_RELEASE_LEN])
@@ -375,7 +394,7 @@ def enter_cache(v, b):
             heap_push(v, b)
 
 
-@out_of_line
+@inlined
 def leave_cache(v, b, how):
     """Cached block ``b`` is about to leave the LRU list: ``how`` is :data:`CLAIMED`,
     :data:`EVICTED` or :data:`EVICTED_VICTIM`. A victim that the policy must never choose (a
@@ -412,7 +431,7 @@ def leave_cache(v, b, how):
         orphan_kids(v, b)
 
 
-@out_of_line
+@inlined
 def choose_victim(v):
     """The cached block an allocation evicts (at least one is cached)."""
     meta = v.meta
@@ -423,8 +442,8 @@ def choose_victim(v):
         b = meta[M_HAND]
         if b == NIL:
             b = meta[M_LRU_HEAD]
-        while pol_words(v)[b, W_VALUE] > 0:
-            _set_word(v, b, W_VALUE, 0)
+        while v.block_flags[b] & F_VISITED:
+            _set_flags(v, b, v.block_flags[b] ^ F_VISITED)
             b = v.lru_next[b]
             if b == NIL:
                 b = meta[M_LRU_HEAD]
@@ -438,21 +457,30 @@ def choose_victim(v):
     return b
 
 
-@out_of_line
+@inlined
 def note_hit(v, b):
     """Block ``b`` is a prefix hit of an admitted prompt."""
     policy = v.meta[M_POLICY]
-    if policy == P_LFU or policy == P_SIEVE or policy == P_PRIORITY:
+    if policy == P_SIEVE:
+        if not v.block_flags[b] & F_VISITED:
+            _set_flags(v, b, v.block_flags[b] | F_VISITED)
+    elif policy == P_LFU or policy == P_PRIORITY:
         _set_word(v, b, W_VALUE, pol_words(v)[b, W_VALUE] + 1)
 
 
-@out_of_line
+@inlined
 def note_registered(v, b, prev, by_content, pos):
     """Block ``b`` was just registered at position ``pos`` of its sequence; ``prev`` is the
     previous block of its sequence (NIL for the first). ``by_content``: registered by its
     chained hash (else under an engine key)."""
     policy = v.meta[M_POLICY]
     if policy == 0:
+        return
+    if policy == P_SIEVE:
+        # New content is not visited. Every unregistration clears the flags, so only a block
+        # registered again while registered (under an engine key) can still have the bit.
+        if v.block_flags[b] & F_VISITED:
+            _set_flags(v, b, v.block_flags[b] ^ F_VISITED)
         return
     _set_word(v, b, W_VALUE, -1 if policy == P_ORACLE else 0)
     if policy == P_PRIORITY:
@@ -474,14 +502,14 @@ def note_registered(v, b, prev, by_content, pos):
     _set_link(v, b, L_PGEN, pol_links(v)[p, L_GEN] if p >= 0 else 0)
 
 
-@out_of_line
+@inlined
 def note_unregistered(v, b):
     """Block ``b`` (referenced) lost its registration: its cached children are orphans."""
     if keeps_forest(v.meta[M_POLICY]):
         orphan_kids(v, b)
 
 
-@out_of_line
+@inlined
 def set_next_use(v, b, next_use):
     """``oracle``, a priority policy: the trace position of the next use of block ``b``'s
     content (-1: never; a priority policy's ``next_use`` hint)."""
@@ -491,7 +519,7 @@ def set_next_use(v, b, next_use):
         rekey(v, b)
 
 
-@out_of_line
+@inlined
 def set_tag(v, b, tag):
     """A priority policy: block ``b``'s tag (``kvnumba.priority.BlockFeatures.tag``)."""
     _set_word(v, b, W_TAG, tag)
@@ -499,49 +527,74 @@ def set_tag(v, b, tag):
         rekey(v, b)
 
 
+# --- the hooks' policy versions as called: out of line, taking the three arenas ---------------
+# An out-of-line call passes its arguments flattened, and the views are forty arrays: passing
+# them cost more than most hooks' work. Each version rebuilds the views it reads from the
+# arenas (a few header loads; the views it does not read are never built).
+@out_of_line
+def enter_cache_at(arena, scratch, pool, b):
+    """:func:`enter_cache` on the views of these arenas."""
+    enter_cache(views(arena, scratch, pool), b)
+
+
+@out_of_line
+def leave_cache_at(arena, scratch, pool, b, how):
+    """:func:`leave_cache` on the views of these arenas."""
+    leave_cache(views(arena, scratch, pool), b, how)
+
+
+@out_of_line
+def choose_victim_at(arena, scratch, pool):
+    """:func:`choose_victim` on the views of these arenas."""
+    return choose_victim(views(arena, scratch, pool))
+
+
+@out_of_line
+def note_hit_at(arena, scratch, pool, b):
+    """:func:`note_hit` on the views of these arenas."""
+    note_hit(views(arena, scratch, pool), b)
+
+
+@out_of_line
+def note_registered_at(arena, scratch, pool, b, prev, by_content, pos):
+    """:func:`note_registered` on the views of these arenas."""
+    note_registered(views(arena, scratch, pool), b, prev, by_content, pos)
+
+
+@out_of_line
+def note_unregistered_at(arena, scratch, pool, b):
+    """:func:`note_unregistered` on the views of these arenas."""
+    note_unregistered(views(arena, scratch, pool), b)
+
+
 # --- the hooks: nothing (or the LRU head) for an LRU manager's views -------------------------
 # The hooks that return nothing are intrinsics: for an LRU manager's views numba types one and
 # emits no code (an ``@overload`` would compile its implementation once per kind of call site,
 # which cost the LRU kernels' compile time); for a policy manager's views the intrinsic calls
-# the policy's compiled function (out of line, compiled once), integers as int64. Run as Python
-# (``NUMBA_DISABLE_JIT``), each is a function that tests the policy at run time instead.
-def _intrinsic_hook(python_hook, policy_call):
-    """The intrinsic standing for ``python_hook`` (which it returns under ``NUMBA_DISABLE_JIT``):
-    nothing for an LRU manager's views, ``policy_call`` for a policy manager's."""
-    if config.DISABLE_JIT:
-        return python_hook
+# the policy's compiled function (out of line, compiled once) on the views' three arenas,
+# integers as int64. Run as Python (``NUMBA_DISABLE_JIT``), each is a function that tests the
+# policy at run time instead.
+def _hook_codegen(policy_call):
+    """The code of a hook calling ``policy_call``: nothing for an LRU manager's views."""
 
-    def typer(typingctx, *args):
-        def codegen(context, builder, signature, values):
-            views_type = signature.args[0]
-            if is_policy(views_type):
-                ints = [
-                    context.cast(builder, value, ty, types.int64)
-                    for value, ty in zip(values[1:], signature.args[1:], strict=True)
-                ]
-                # The policy's own compiled function (without NRT, as every helper), called.
-                args = (views_type, *(types.int64,) * len(ints))
-                policy_call.compile(args)
-                compiled = policy_call.overloads[args]
-                context.active_code_library.add_linking_library(compiled.library)
-                context.call_internal(
-                    builder, compiled.fndesc, types.none(*args), [values[0], *ints]
-                )
-            return context.get_dummy_value()
+    def codegen(context, builder, signature, values):
+        views_type = signature.args[0]
+        if is_policy(views_type):
+            last = len(views_type.types)
+            arenas = [builder.extract_value(values[0], i) for i in range(last - 3, last)]
+            ints = [
+                context.cast(builder, value, ty, types.int64)
+                for value, ty in zip(values[1:], signature.args[1:], strict=True)
+            ]
+            # The policy's own compiled function (without NRT, as every helper), called.
+            args = (*views_type.types[last - 3 :], *(types.int64,) * len(ints))
+            policy_call.compile(args)
+            compiled = policy_call.overloads[args]
+            context.active_code_library.add_linking_library(compiled.library)
+            context.call_internal(builder, compiled.fndesc, types.none(*args), [*arenas, *ints])
+        return context.get_dummy_value()
 
-        return types.none(*args), codegen
-
-    # numba's intrinsic takes named parameters: one typing function per arity.
-    arity = len(inspect.signature(python_hook).parameters)
-    params = ", ".join(f"a{i}" for i in range(arity))
-    scope = {"typer": typer}
-    exec(
-        f"def {python_hook.__name__}(typingctx, {params}):\n    return typer(typingctx, {params})",
-        scope,
-    )
-    hook = intrinsic(scope[python_hook.__name__])
-    hook.__doc__ = python_hook.__doc__
-    return hook
+    return codegen
 
 
 def _enter(pv, pb):
@@ -574,11 +627,41 @@ def _unregistered(pv, pb):
         note_unregistered(pv, pb)
 
 
-policy_enter = _intrinsic_hook(_enter, enter_cache)
-policy_leave = _intrinsic_hook(_leave, leave_cache)
-policy_hit = _intrinsic_hook(_hit, note_hit)
-policy_registered = _intrinsic_hook(_registered, note_registered)
-policy_unregistered = _intrinsic_hook(_unregistered, note_unregistered)
+# numba's intrinsics take named parameters: one typing function per hook.
+def _enter_typer(typingctx, pv, pb):
+    return types.none(pv, pb), _hook_codegen(enter_cache_at)
+
+
+def _leave_typer(typingctx, pv, pb, phow):
+    return types.none(pv, pb, phow), _hook_codegen(leave_cache_at)
+
+
+def _hit_typer(typingctx, pv, pb):
+    return types.none(pv, pb), _hook_codegen(note_hit_at)
+
+
+def _registered_typer(typingctx, pv, pb, pprev, pcontent, ppos):
+    return types.none(pv, pb, pprev, pcontent, ppos), _hook_codegen(note_registered_at)
+
+
+def _unregistered_typer(typingctx, pv, pb):
+    return types.none(pv, pb), _hook_codegen(note_unregistered_at)
+
+
+def _hook(python_hook, typer):
+    """``python_hook`` under ``NUMBA_DISABLE_JIT``, else the intrinsic typed by ``typer``."""
+    if config.DISABLE_JIT:
+        return python_hook
+    hook = intrinsic(typer)
+    hook.__doc__ = python_hook.__doc__
+    return hook
+
+
+policy_enter = _hook(_enter, _enter_typer)
+policy_leave = _hook(_leave, _leave_typer)
+policy_hit = _hook(_hit, _hit_typer)
+policy_registered = _hook(_registered, _registered_typer)
+policy_unregistered = _hook(_unregistered, _unregistered_typer)
 
 
 def policy_victim(pv):
@@ -589,7 +672,7 @@ def policy_victim(pv):
 @overload(policy_victim, inline="always")
 def _policy_victim_impl(pv):
     if is_policy(pv):
-        return lambda pv: choose_victim(pv)
+        return lambda pv: choose_victim_at(pv.arena, pv.scratch, pv.pool)
     return lambda pv: pv.meta[M_LRU_HEAD]
 
 

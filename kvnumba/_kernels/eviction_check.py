@@ -23,6 +23,8 @@ from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.views import is_policy
 from kvnumba._state import (
     F_ORPHAN,
+    F_REGISTERED,
+    F_VISITED,
     L_GEN,
     L_HEAP,
     L_KID,
@@ -50,6 +52,7 @@ C_POLICY_UNLINKED = 45
 C_POLICY_ORPHAN = 46
 C_POLICY_KEY = 47
 C_POLICY_FAULT = 48
+C_POLICY_FLAG = 49
 
 #: Words for the codes above (``check.MESSAGES`` includes them).
 POLICY_MESSAGES = {
@@ -66,6 +69,9 @@ POLICY_MESSAGES = {
     C_POLICY_KEY: "eviction heap: block {a} has key {b}, recomputed differently",
     C_POLICY_FAULT: "the eviction policy chose {a} victims it must never choose (a referenced "
     "block, or when only leaves are candidates a block with cached children)",
+    C_POLICY_FLAG: "block {a} has policy flags {b} that its state does not allow (sieve's "
+    "visited bit on an unregistered block or under another policy; an orphan mark without "
+    "the prefix forest)",
 }
 
 
@@ -80,15 +86,31 @@ def check_policy_state(st, seen):
     if policy == 0:
         return 0, 0, 0  # LRU under the extended kernels (a windowed manager): no policy state
     num_blocks = st.ref.shape[0]
-    links, words = pol_links(st), pol_words(st)
-    heap, pos, kid = links[:, L_HEAP], links[:, L_POS], links[:, L_KID]
-    key, stamp = words[:, W_KEY], words[:, W_STAMP]
     n = meta[M_HEAP_N]
+    if meta[M_POLICY_FAULTS] != 0:
+        return C_POLICY_FAULT, meta[M_POLICY_FAULTS], 0
+    # The flags only some policies use: the visited bit (sieve, registered blocks only) and
+    # the orphan mark (the forest policies; checked with the forest below).
+    forest = policy != P_SIEVE and policy != P_LFU
+    for b in range(num_blocks):
+        flags = st.block_flags[b]
+        if flags & F_VISITED and (policy != P_SIEVE or not flags & F_REGISTERED):
+            return C_POLICY_FLAG, b, flags
+        if flags & F_ORPHAN and not forest:
+            return C_POLICY_FLAG, b, flags
+    if policy == P_SIEVE:
+        hand = meta[M_HAND]
+        if n != 0:
+            return C_POLICY_HEAP, n, 0
+        if hand != NIL and (hand < 0 or hand >= num_blocks or not is_cached(st, hand)):
+            return C_POLICY_HAND, hand, 0
+        return 0, 0, 0
+    links, words = pol_links(st), pol_words(st)
+    heap, pos = links[:, L_HEAP], links[:, L_POS]
+    key, stamp = words[:, W_KEY], words[:, W_STAMP]
     leaf = leaves_only(st)
     # A priority depends on the clocks when it was computed: its keys cannot be recomputed.
     rekeyable = leaf and policy != P_PRIORITY
-    if meta[M_POLICY_FAULTS] != 0:
-        return C_POLICY_FAULT, meta[M_POLICY_FAULTS], 0
     # The heap: entries back-linked, members evictable under the policy, ordered.
     in_heap = 0
     for b in range(num_blocks):
@@ -100,7 +122,7 @@ def check_policy_state(st, seen):
         b = heap[i]
         if b < 0 or b >= num_blocks or pos[b] != i:
             return C_POLICY_HEAP, i, b
-        if not is_cached(st, b) or (leaf and kid[b] != NIL):
+        if not is_cached(st, b) or (leaf and links[b, L_KID] != NIL):
             return C_POLICY_HEAP_MEMBER, b, policy
         if rekeyable and key[b] != leaf_key(st, np.int64(b)):
             return C_POLICY_KEY, b, key[b]
@@ -108,19 +130,13 @@ def check_policy_state(st, seen):
             p = heap[(i - 1) >> 1]
             if key[b] < key[p] or (key[b] == key[p] and stamp[b] < stamp[p]):
                 return C_POLICY_HEAP_ORDER, b, p
-    if policy == P_SIEVE:
-        hand = meta[M_HAND]
-        if n != 0:
-            return C_POLICY_HEAP, n, 0
-        if hand != NIL and (hand < 0 or hand >= num_blocks or not is_cached(st, hand)):
-            return C_POLICY_HAND, hand, 0
-        return 0, 0, 0
     if policy == P_LFU:
         if n != meta[M_CACHED]:
             return C_POLICY_HEAP, n, meta[M_CACHED]
         return 0, 0, 0
     # The forest: every listed child cached, valid and listed once, under its own parent.
     seen[:] = 0
+    kid = links[:, L_KID]
     parent, pgen, gen = links[:, L_PARENT], links[:, L_PGEN], links[:, L_GEN]
     sib_prev, sib_next = links[:, L_SIB_PREV], links[:, L_SIB_NEXT]
     for p in range(num_blocks):
