@@ -34,6 +34,10 @@ F_ORPHAN = 16
 # Eviction policy ``sieve``: a registered block hit since the hand last passed it (SIEVE's
 # visited bit). A flag, not a column: under sieve a block costs no policy bytes at all.
 F_VISITED = 32
+# Eviction policy ``lfu``: a cached block released without hits since the age last rose, so
+# its priority is the age: the *floor*, kept in release order on the LRU list (``M_HAND`` is
+# its oldest) instead of in the heap.
+F_FLOOR = 64
 
 # --- meta slots (int64) ---------------------------------------------------------------------------
 M_FREE_TOP = 0  # number of blocks on the free stack
@@ -74,7 +78,7 @@ M_POLICY = 32  # the policy's code (``kvnumba.eviction.POLICY_CODES``); 0 = LRU
 M_HEAP_N = 33  # blocks in the policy's heap (lfu, leaf-lru, oracle)
 M_POL_CLOCK = 34  # releases into the cache so far: the next stamp
 M_POL_AGE = 35  # lfu: the age L (priority of the latest victim)
-M_HAND = 36  # sieve: the hand (a cached block), or NIL
+M_HAND = 36  # sieve: the hand (a cached block); lfu: the oldest block of the floor; or NIL
 # Victims a policy chose that it must never choose: a referenced block, or under the leaf
 # policies one with cached children (``check()`` reports any; a correct policy keeps it 0).
 M_POLICY_FAULTS = 37
@@ -258,7 +262,7 @@ STATE_FIELDS = (
         "block_flags",
         np.uint8,
         ("blocks",),
-        "``F_KNOWN | F_HASHED | F_REGISTERED | F_TRIMMED | F_ORPHAN | F_VISITED`` bits.",
+        "``F_KNOWN | F_HASHED | F_REGISTERED | F_TRIMMED | F_ORPHAN | F_VISITED | F_FLOOR`` bits.",
     ),
     Field("tokens", np.int64, ("blocks", "block_size"), "Token payload; -1 where no id is known."),
     Field(

@@ -30,8 +30,10 @@ from kvnumba._state import (
     L_PARENT,
     M_HAND,
     M_HEAP_N,
+    M_LRU_HEAD,
     W_KEY,
     W_STAMP,
+    W_VALUE,
 )
 from kvnumba.eviction import BUILTIN_POLICIES, EVICTION_POLICIES, SIMULATOR_POLICIES
 from kvnumba.reference import ReferenceBlockManager
@@ -116,6 +118,21 @@ def test_lfu_keeps_a_popular_block_through_a_burst_of_one_off_prompts(impl, poli
         assert use(mgr, [10 + 2 * i, 11 + 2 * i, 9]) == [0]
     assert log.tokens == victims
     assert use(mgr, [1, 2, 9]) == [hit]
+
+
+@IMPLS
+def test_lfu_at_equal_priority_evicts_the_block_released_first_hits_or_not(impl):
+    mgr, log = make(impl, 3, "lfu")
+    assert use(mgr, [1, 2, 9], 2) == [0, 2]  # A: priority 0 + 1
+    assert use(mgr, [3, 4, 9], 2) == [0, 2]  # B: priority 0 + 1, released after A
+    assert use(mgr, [5, 6, 9]) == [0]  # evicts A (age 1); C, without hits, gets 1 + 0
+    assert log.tokens == [(1, 2)]
+    # B and C both have priority 1: B (hits, released before the age rose) goes first.
+    assert use(mgr, [7, 8, 9]) == [0]
+    assert log.tokens == [(1, 2), (3, 4)]
+    assert use(mgr, [3, 4, 9]) == [0]
+    assert log.tokens == [(1, 2), (3, 4), (5, 6)]
+    mgr.check()
 
 
 @IMPLS
@@ -244,11 +261,17 @@ def test_a_failed_atomic_admit_leaves_the_state_byte_identical(policy):
 # ---------------------------------------------------------------- planted bugs
 
 
-def _cached_pool(policy):
-    """Chains of two blocks (parent, child), all cached: 8 blocks, prompts of 4 tokens."""
+def _cached_pool(policy, hits=None):
+    """Chains of two blocks (parent, child), all cached: 8 blocks, prompts of 4 tokens. With
+    ``hits`` (the default under lfu, whose blocks released without hits are kept outside the
+    heap) each prompt is admitted once more, so that its blocks have hits."""
     mgr, _ = make(kvnumba.BlockManager, 8, policy)
-    for i in range(4):
-        mgr.release([hold(mgr, [10 * i, 10 * i + 1, 10 * i + 2, 10 * i + 3])])
+    prompts = [[10 * i, 10 * i + 1, 10 * i + 2, 10 * i + 3] for i in range(4)]
+    for tokens in prompts:
+        mgr.release([hold(mgr, tokens)])
+    if policy == "lfu" if hits is None else hits:
+        for tokens in prompts:
+            use(mgr, tokens)
     held = hold(mgr, [99, 98])  # one block in use
     mgr.check()
     return mgr, int(mgr.block_tables([held])[0, 0])
@@ -284,6 +307,20 @@ def test_check_finds_a_visited_bit_where_sieve_cannot_have_set_it(policy):
     # Under sieve only a registered block may be visited; under other policies none.
     _writable(mgr).block_flags[target] |= F_VISITED
     with pytest.raises(InvariantViolation, match="visited bit"):
+        mgr.check()
+
+
+def test_check_finds_lfu_floor_out_of_release_order_or_in_the_heap():
+    mgr, _ = _cached_pool("lfu", hits=False)  # released without hits: the floor, no heap
+    s = _writable(mgr)
+    assert s.meta[M_HEAP_N] == 0 and s.meta[M_HAND] == s.meta[M_LRU_HEAD]
+    s.meta[M_HAND] = s.lru_next[s.meta[M_LRU_HEAD]]  # the floor's oldest skipped
+    with pytest.raises(InvariantViolation, match="floor's oldest"):
+        mgr.check()
+    s.meta[M_HAND] = s.meta[M_LRU_HEAD]
+    mgr.check()
+    s.pol_words[s.meta[M_HAND], W_VALUE] = 1  # a floor block with a hit: it belongs in the heap
+    with pytest.raises(InvariantViolation, match="floor mark"):
         mgr.check()
 
 

@@ -35,6 +35,7 @@ from kvnumba._kernels.prefix import table_find
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.views import header_entry, is_policy, views
 from kvnumba._state import (
+    F_FLOOR,
     F_ORPHAN,
     F_REGISTERED,
     F_VISITED,
@@ -372,6 +373,13 @@ def enter_cache(v, b):
         return  # LRU (a windowed manager runs the extended kernels too); sieve: the list only
     clock = meta[M_POL_CLOCK]
     meta[M_POL_CLOCK] = clock + 1
+    if policy == P_LFU and pol_words(v)[b, W_VALUE] == 0:
+        # Priority = age: the lowest any cached block has, and the newest such block. The
+        # floor keeps these in release order, without the heap (:func:`floor_next`).
+        _set_flags(v, b, v.block_flags[b] | F_FLOOR)
+        if meta[M_HAND] == NIL:
+            meta[M_HAND] = b
+        return
     _set_word(v, b, W_STAMP, clock)
     if policy == P_LFU:
         _set_word(v, b, W_KEY, meta[M_POL_AGE] + pol_words(v)[b, W_VALUE])
@@ -395,6 +403,17 @@ def enter_cache(v, b):
 
 
 @inlined
+def floor_next(v, b):
+    """``lfu``: the next block of the floor after ``b`` in release order, or NIL. The blocks it
+    passes are in the heap; it passes each at most once per release (the floor only grows at
+    the newest end), so the walk is O(1) amortized."""
+    c = v.lru_next[b]
+    while c != NIL and not v.block_flags[c] & F_FLOOR:
+        c = v.lru_next[c]
+    return np.int64(c)
+
+
+@inlined
 def leave_cache(v, b, how):
     """Cached block ``b`` is about to leave the LRU list: ``how`` is :data:`CLAIMED`,
     :data:`EVICTED` or :data:`EVICTED_VICTIM`. A victim that the policy must never choose (a
@@ -411,6 +430,11 @@ def leave_cache(v, b, how):
     if policy == P_SIEVE:
         if meta[M_HAND] == b:
             meta[M_HAND] = v.lru_next[b]
+        return
+    if policy == P_LFU and v.block_flags[b] & F_FLOOR:
+        _set_flags(v, b, v.block_flags[b] ^ F_FLOOR)
+        if meta[M_HAND] == b:
+            meta[M_HAND] = floor_next(v, b)
         return
     if pol_links(v)[b, L_POS] != NIL:
         heap_remove(v, b)
@@ -449,6 +473,14 @@ def choose_victim(v):
                 b = meta[M_LRU_HEAD]
         meta[M_HAND] = b  # leave_cache moves it on to the victim's successor
         return np.int64(b)
+    if policy == P_LFU:
+        # Every cached priority is at least the age, and the heap's blocks at the age were
+        # released before it rose to its value, so before every block of the floor.
+        floor = meta[M_HAND]
+        if meta[M_HEAP_N] == 0 or (
+            floor != NIL and pol_words(v)[pol_links(v)[0, L_HEAP], W_KEY] > meta[M_POL_AGE]
+        ):
+            return np.int64(floor)
     b = np.int64(pol_links(v)[0, L_HEAP])
     if policy == P_LFU:
         meta[M_POL_AGE] = pol_words(v)[b, W_KEY]

@@ -22,6 +22,7 @@ from kvnumba._kernels.eviction import (
 from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.views import is_policy
 from kvnumba._state import (
+    F_FLOOR,
     F_ORPHAN,
     F_REGISTERED,
     F_VISITED,
@@ -36,11 +37,14 @@ from kvnumba._state import (
     M_CACHED,
     M_HAND,
     M_HEAP_N,
+    M_LRU_HEAD,
+    M_POL_AGE,
     M_POLICY,
     M_POLICY_FAULTS,
     NIL,
     W_KEY,
     W_STAMP,
+    W_VALUE,
 )
 
 C_POLICY_HEAP = 40
@@ -53,6 +57,8 @@ C_POLICY_ORPHAN = 46
 C_POLICY_KEY = 47
 C_POLICY_FAULT = 48
 C_POLICY_FLAG = 49
+C_POLICY_FLOOR = 50
+C_POLICY_AGE = 51
 
 #: Words for the codes above (``check.MESSAGES`` includes them).
 POLICY_MESSAGES = {
@@ -71,7 +77,10 @@ POLICY_MESSAGES = {
     "block, or when only leaves are candidates a block with cached children)",
     C_POLICY_FLAG: "block {a} has policy flags {b} that its state does not allow (sieve's "
     "visited bit on an unregistered block or under another policy; an orphan mark without "
-    "the prefix forest)",
+    "the prefix forest; lfu's floor mark on a block not cached, in the heap or with hits)",
+    C_POLICY_FLOOR: "lfu: the floor's oldest block is {b}, but the first floor block in release "
+    "order is {a}",
+    C_POLICY_AGE: "lfu: block {a} in the heap has priority {b}, below the age",
 }
 
 
@@ -89,15 +98,26 @@ def check_policy_state(st, seen):
     n = meta[M_HEAP_N]
     if meta[M_POLICY_FAULTS] != 0:
         return C_POLICY_FAULT, meta[M_POLICY_FAULTS], 0
-    # The flags only some policies use: the visited bit (sieve, registered blocks only) and
-    # the orphan mark (the forest policies; checked with the forest below).
+    # The flags only some policies use: the visited bit (sieve, registered blocks only), the
+    # floor mark (lfu, cached blocks without hits outside the heap) and the orphan mark (the
+    # forest policies; checked with the forest below).
     forest = policy != P_SIEVE and policy != P_LFU
+    floor = 0
     for b in range(num_blocks):
         flags = st.block_flags[b]
         if flags & F_VISITED and (policy != P_SIEVE or not flags & F_REGISTERED):
             return C_POLICY_FLAG, b, flags
         if flags & F_ORPHAN and not forest:
             return C_POLICY_FLAG, b, flags
+        if flags & F_FLOOR:
+            if (
+                policy != P_LFU
+                or not is_cached(st, b)
+                or pol_links(st)[b, L_POS] != NIL
+                or pol_words(st)[b, W_VALUE] != 0
+            ):
+                return C_POLICY_FLAG, b, flags
+            floor += 1
     if policy == P_SIEVE:
         hand = meta[M_HAND]
         if n != 0:
@@ -131,8 +151,16 @@ def check_policy_state(st, seen):
             if key[b] < key[p] or (key[b] == key[p] and stamp[b] < stamp[p]):
                 return C_POLICY_HEAP_ORDER, b, p
     if policy == P_LFU:
-        if n != meta[M_CACHED]:
+        if n + floor != meta[M_CACHED]:
             return C_POLICY_HEAP, n, meta[M_CACHED]
+        first = meta[M_LRU_HEAD]
+        while first != NIL and not st.block_flags[first] & F_FLOOR:
+            first = st.lru_next[first]
+        if first != meta[M_HAND]:
+            return C_POLICY_FLOOR, first, meta[M_HAND]
+        for i in range(n):
+            if key[heap[i]] < meta[M_POL_AGE]:
+                return C_POLICY_AGE, heap[i], key[heap[i]]
         return 0, 0, 0
     # The forest: every listed child cached, valid and listed once, under its own parent.
     seen[:] = 0
