@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+from kvnumba.eviction import EVICTION_POLICIES
+
 from . import common
 from .common import POOLS
 
@@ -30,20 +32,24 @@ class ImportAndFirstCall:
 
 
 class StateBytes:
-    """Bytes of state per block, beyond the token payload and the block tables."""
+    """Bytes of state per block, beyond the token payload and the block tables, per policy."""
 
-    params = (POOLS,)
-    param_names = ("num_blocks",)
+    params = (POOLS, list(EVICTION_POLICIES))
+    param_names = ("num_blocks", "eviction")
     unit = "bytes/block"
 
-    def setup(self, num_blocks):
+    def setup(self, num_blocks, eviction):
         if common.manager_class().__module__ == "kvnumba.reference":
             raise NotImplementedError("the reference has no state arrays")
         self.mgr = common.manager_class()(
-            num_blocks, common.BLOCK_SIZE, max_seqs=256, max_seq_len=common.MAX_SEQ_LEN
+            num_blocks,
+            common.BLOCK_SIZE,
+            max_seqs=256,
+            max_seq_len=common.MAX_SEQ_LEN,
+            eviction=eviction,
         )
 
-    def track_state_bytes_per_block(self, num_blocks):
+    def track_state_bytes_per_block(self, num_blocks, eviction):
         state = self.mgr.state
         total = sum(a.nbytes for a in state)
         return (total - state.tokens.nbytes - state.seq_table.nbytes) / num_blocks

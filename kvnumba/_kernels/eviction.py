@@ -33,7 +33,7 @@ from kvnumba._kernels.carve import carve
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.prefix import table_find
 from kvnumba._kernels.undo import log_write, set_logged
-from kvnumba._kernels.views import header_entry, is_policy, views
+from kvnumba._kernels.views import Views, header_entry, is_policy, views
 from kvnumba._state import (
     F_FLOOR,
     F_ORPHAN,
@@ -509,11 +509,7 @@ def note_registered(v, b, prev, by_content, pos):
     if policy == 0:
         return
     if policy == P_SIEVE:
-        # New content is not visited. Every unregistration clears the flags, so only a block
-        # registered again while registered (under an engine key) can still have the bit.
-        if v.block_flags[b] & F_VISITED:
-            _set_flags(v, b, v.block_flags[b] ^ F_VISITED)
-        return
+        return  # unregistered blocks never have the bit (every unregistration clears flags)
     _set_word(v, b, W_VALUE, -1 if policy == P_ORACLE else 0)
     if policy == P_PRIORITY:
         _set_word(v, b, W_HINT, -1)
@@ -602,31 +598,62 @@ def note_unregistered_at(arena, scratch, pool, b):
 # --- the hooks: nothing (or the LRU head) for an LRU manager's views -------------------------
 # The hooks that return nothing are intrinsics: for an LRU manager's views numba types one and
 # emits no code (an ``@overload`` would compile its implementation once per kind of call site,
-# which cost the LRU kernels' compile time); for a policy manager's views the intrinsic calls
-# the policy's compiled function (out of line, compiled once) on the views' three arenas,
-# integers as int64. Run as Python (``NUMBA_DISABLE_JIT``), each is a function that tests the
-# policy at run time instead.
-def _hook_codegen(policy_call):
-    """The code of a hook calling ``policy_call``: nothing for an LRU manager's views."""
+# which cost the LRU kernels' compile time); for a policy manager's views the intrinsic tests
+# ``meta[M_POLICY]`` against the policies the hook acts for and only then calls the policy's
+# compiled function (out of line, compiled once) on the views' three arenas, integers as
+# int64. Run as Python (``NUMBA_DISABLE_JIT``), each is a function that tests the policy at
+# run time instead.
+def _policies(*codes):
+    """The bit mask of policy codes ``codes``."""
+    return sum(1 << code for code in codes)
+
+
+_FOREST = (P_LEAF, P_ORACLE, P_PRIORITY)
+#: Per hook, the policies it has work for (sieve: nothing on entering the cache, nor on a
+#: registration, since an unregistered block never has the visited bit).
+ENTER_POLICIES = _policies(P_LFU, *_FOREST)
+LEAVE_POLICIES = _policies(P_LFU, P_SIEVE, *_FOREST)
+HIT_POLICIES = _policies(P_LFU, P_SIEVE, P_PRIORITY)
+REGISTERED_POLICIES = _policies(P_LFU, *_FOREST)
+UNREGISTERED_POLICIES = _policies(*_FOREST)
+_META = Views._fields.index("meta")
+
+
+def _hook_codegen(policy_call, policies):
+    """The code of a hook calling ``policy_call`` under the policies of mask ``policies``:
+    nothing for an LRU manager's views."""
 
     def codegen(context, builder, signature, values):
         views_type = signature.args[0]
         if is_policy(views_type):
-            last = len(views_type.types)
-            arenas = [builder.extract_value(values[0], i) for i in range(last - 3, last)]
-            ints = [
-                context.cast(builder, value, ty, types.int64)
-                for value, ty in zip(values[1:], signature.args[1:], strict=True)
-            ]
-            # The policy's own compiled function (without NRT, as every helper), called.
-            args = (*views_type.types[last - 3 :], *(types.int64,) * len(ints))
-            policy_call.compile(args)
-            compiled = policy_call.overloads[args]
-            context.active_code_library.add_linking_library(compiled.library)
-            context.call_internal(builder, compiled.fndesc, types.none(*args), [*arenas, *ints])
+            i64 = ir.IntType(64)
+            meta = context.make_array(views_type.types[_META])(
+                context, builder, builder.extract_value(values[0], _META)
+            )
+            policy = builder.load(builder.gep(meta.data, [ir.Constant(i64, M_POLICY)]))
+            acts = builder.and_(builder.lshr(ir.Constant(i64, policies), policy), i64(1))
+            with builder.if_then(builder.icmp_unsigned("!=", acts, i64(0))):
+                _call_policy(context, builder, signature, values, policy_call)
         return context.get_dummy_value()
 
     return codegen
+
+
+def _call_policy(context, builder, signature, values, policy_call):
+    """Call ``policy_call`` on the arenas of the views ``values[0]`` and the other values."""
+    views_type = signature.args[0]
+    last = len(views_type.types)
+    arenas = [builder.extract_value(values[0], i) for i in range(last - 3, last)]
+    ints = [
+        context.cast(builder, value, ty, types.int64)
+        for value, ty in zip(values[1:], signature.args[1:], strict=True)
+    ]
+    # The policy's own compiled function (without NRT, as every helper), called.
+    args = (*views_type.types[last - 3 :], *(types.int64,) * len(ints))
+    policy_call.compile(args)
+    compiled = policy_call.overloads[args]
+    context.active_code_library.add_linking_library(compiled.library)
+    context.call_internal(builder, compiled.fndesc, types.none(*args), [*arenas, *ints])
 
 
 def _enter(pv, pb):
@@ -661,23 +688,25 @@ def _unregistered(pv, pb):
 
 # numba's intrinsics take named parameters: one typing function per hook.
 def _enter_typer(typingctx, pv, pb):
-    return types.none(pv, pb), _hook_codegen(enter_cache_at)
+    return types.none(pv, pb), _hook_codegen(enter_cache_at, ENTER_POLICIES)
 
 
 def _leave_typer(typingctx, pv, pb, phow):
-    return types.none(pv, pb, phow), _hook_codegen(leave_cache_at)
+    return types.none(pv, pb, phow), _hook_codegen(leave_cache_at, LEAVE_POLICIES)
 
 
 def _hit_typer(typingctx, pv, pb):
-    return types.none(pv, pb), _hook_codegen(note_hit_at)
+    return types.none(pv, pb), _hook_codegen(note_hit_at, HIT_POLICIES)
 
 
 def _registered_typer(typingctx, pv, pb, pprev, pcontent, ppos):
-    return types.none(pv, pb, pprev, pcontent, ppos), _hook_codegen(note_registered_at)
+    return types.none(pv, pb, pprev, pcontent, ppos), _hook_codegen(
+        note_registered_at, REGISTERED_POLICIES
+    )
 
 
 def _unregistered_typer(typingctx, pv, pb):
-    return types.none(pv, pb), _hook_codegen(note_unregistered_at)
+    return types.none(pv, pb), _hook_codegen(note_unregistered_at, UNREGISTERED_POLICIES)
 
 
 def _hook(python_hook, typer):
