@@ -1,0 +1,94 @@
+"""What an eviction policy costs against LRU: time per step and per eviction, kvnumba only.
+
+Usage: ``python scripts/policy_costs.py [--repeat N] POLICY...``; one JSON line per policy:
+
+- ``decode``, ``churn``: microseconds per step of W-decode and W-churn (``kvnumba bench``'s
+  workloads, ``kvnumba.bench.workloads``), the fastest of ``N`` replays;
+- ``evict_ns``: nanoseconds per eviction, the fastest of ``N`` calls that append one block's
+  tokens to each of 4,096 empty sequences while every block of a 65,536-block pool is cached
+  (the asv benchmark ``EvictPerPolicy`` at batch 4,096, released by prompts of 64 full blocks).
+
+It times kvnumba only (``kvnumba bench`` also replays the reference model, which takes most
+of its time), so many short runs fit in a session: compare two checkouts by running this
+script alternately with ``PYTHONPATH`` set to each (and a ``NUMBA_CACHE_DIR`` per checkout),
+and keep each side's fastest result; on a machine whose speed varies the fastest runs are the
+comparable ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+
+import numpy as np
+
+import kvnumba
+from kvnumba.bench import runner, workloads
+from kvnumba.kernels import prepare
+
+POOL, BLOCK_SIZE, BATCH, PROMPT = 65_536, 16, 4_096, 1_024
+
+
+def _evict_ns(policy: str, repeat: int) -> float:
+    """Nanoseconds per eviction: the fastest of ``repeat`` appends to ``BATCH`` sequences."""
+    mgr = kvnumba.BlockManager(
+        POOL, BLOCK_SIZE, max_seqs=2 * BATCH, max_seq_len=PROMPT, eviction=policy
+    )
+    next_token = 0
+
+    def fill(blocks: int) -> None:
+        nonlocal next_token
+        per = PROMPT // BLOCK_SIZE
+        lengths = np.full(blocks // per, PROMPT, dtype=np.int64)
+        if blocks % per:
+            lengths = np.append(lengths, blocks % per * BLOCK_SIZE)
+        for lo in range(0, len(lengths), 1024):
+            chunk = lengths[lo : lo + 1024]
+            tokens = np.arange(next_token, next_token + int(chunk.sum()), dtype=np.int64)
+            next_token += len(tokens)
+            mgr.release(mgr.admit(tokens, chunk).ids)
+
+    fill(mgr.stats().free)
+    counts = np.full(BATCH, BLOCK_SIZE, dtype=np.int64)
+    best = float("inf")
+    for r in range(repeat + 1):  # the first call is a warm-up
+        ids = mgr.new_sequences(BATCH)
+        start = time.perf_counter_ns()
+        mgr.append(ids, counts)
+        if r:
+            best = min(best, time.perf_counter_ns() - start)
+        mgr.release(ids)
+        fill(mgr.stats().free)
+    mgr.check()
+    return best / BATCH
+
+
+def measure(policy: str, repeat: int) -> dict:
+    """The three costs of ``policy`` (see the module's docstring)."""
+    prepare(stream=sys.stderr, policy=policy != "lru")
+    cls = functools.partial(kvnumba.BlockManager, eviction=policy)
+    row: dict = {"policy": policy}
+    available = workloads.standard()
+    for name in ("decode", "churn"):
+        wl = available[name]()
+        result = runner.run(wl, cls, repeat=repeat, impl="kvnumba")
+        row[name] = round(min(result.times_ns) / wl.num_steps / 1e3, 2)
+    row["evict_ns"] = round(_evict_ns(policy, repeat), 1)
+    return row
+
+
+def main() -> None:
+    """Print one JSON line per policy named on the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("policies", nargs="+", metavar="POLICY")
+    parser.add_argument("--repeat", type=int, default=7, help="timed runs of each (default 7)")
+    args = parser.parse_args()
+    for policy in args.policies:
+        print(json.dumps(measure(policy, args.repeat)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
