@@ -78,7 +78,7 @@ SIGNATURES = {
     # A priority policy's per-block tags.
     "k_set_tags": (_VEC, _VEC),
 }
-#: Kernels a manager loads on first use even on a page pool (``manager._kernel``): rarely
+#: Kernels a manager loads on first use even on a page pool (``_kernel_set.Lazy``): rarely
 #: called, they would lengthen every paged manager's first construction.
 LAZY = frozenset(
     {

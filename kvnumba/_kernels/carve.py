@@ -48,7 +48,7 @@ def carve_py(arena, offset, shape, dtype):
 @intrinsic
 def _carve(typingctx, arena, offset, shape, dtype):
     # The offset counts bytes: only a 1-D uint8 arena; shapes of machine integers. Layout "A"
-    # is a paged kernel's pool arena (``entry.paged``: a step-1 view, contiguous too).
+    # is a paged kernel's pool arena (``entry.with_pages``: a step-1 view, contiguous too).
     if not (
         isinstance(arena, types.Array)
         and arena.dtype == types.uint8

@@ -6,7 +6,7 @@ and run with every helper inlined: no reference counting anywhere on the hot pat
 
 The state-changing kernels (``append``, ``admit``, ``release``, ``truncate``, ``evict``,
 ``reset_prefix_cache``) return one outcome layout, named by the constants below and read by
-name in the facade's ``BlockManager._run``: ``status``, ``bad`` (index of the offending input),
+name in the facade's ``CallPipeline.run`` (``kvnumba._pipeline``): ``status``, ``bad`` (index of the offending input),
 ``needed`` and ``available`` (blocks, for ``PoolExhausted``; record rows for
 ``ST_NEED_BUFFERS``), then the result fields. Variable-size records of a committed call
 (evictions, pages mapped and unmapped) stay in the scratch arena, where the facade reads them

@@ -3,7 +3,7 @@
 
 Which of the two is decided when numba types a call, by the type of the views
 (:func:`.views.is_paged`: a paged kernel hands its workers the pool's arena typed with layout
-``'A'``, ``entry.paged``). The kernels of a manager without a page pool are therefore compiled
+``'A'``, ``entry.with_pages``). The kernels of a manager without a page pool are therefore compiled
 without the page code, a large part of the quick start's compile time otherwise. Their
 callers still test ``meta[M_PAGE_K]`` at run time, so the empty versions are never reached.
 

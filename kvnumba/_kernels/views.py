@@ -61,7 +61,7 @@ VIEWS = types.NamedTuple(
     Views,
 )
 #: The views of a manager on a page pool: ``pool`` is the pool's arena typed with layout
-#: ``'A'`` (``entry.paged``). The only difference, and what :mod:`.page_calls` dispatches on.
+#: ``'A'`` (``entry.with_pages``). The only difference, and what :mod:`.page_calls` dispatches on.
 VIEWS_PAGED = types.NamedTuple(
     [*VIEWS.types[:-1], types.Array(types.uint8, 1, "A")],
     Views,
