@@ -6,7 +6,7 @@ Usage: ``python scripts/policy_costs.py [--repeat N] POLICY...``; one JSON line 
   workloads, ``kvnumba.bench.workloads``), the fastest of ``N`` replays;
 - ``evict_ns``: nanoseconds per eviction, the fastest of ``N`` calls that append one block's
   tokens to each of 4,096 empty sequences while every block of a 65,536-block pool is cached
-  (the asv benchmark ``EvictPerPolicy`` at batch 4,096, released by prompts of 64 full blocks).
+  (the asv benchmark ``EvictPerPolicy`` at batch 4,096, with its pool filling).
 
 It times kvnumba only (``kvnumba bench`` also replays the reference model, which takes most
 of its time), so many short runs fit in a session: compare two checkouts by running this
@@ -22,6 +22,7 @@ import functools
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -29,30 +30,25 @@ import kvnumba
 from kvnumba.bench import runner, workloads
 from kvnumba.kernels import prepare
 
-POOL, BLOCK_SIZE, BATCH, PROMPT = 65_536, 16, 4_096, 1_024
+# The asv suite's helpers (its pool filling), so that the eviction timed here is the one asv's
+# ``EvictPerPolicy`` times.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from benchmarks import common  # noqa: E402
+
+POOL, BATCH = 65_536, 4_096
 
 
 def _evict_ns(policy: str, repeat: int) -> float:
     """Nanoseconds per eviction: the fastest of ``repeat`` appends to ``BATCH`` sequences."""
     mgr = kvnumba.BlockManager(
-        POOL, BLOCK_SIZE, max_seqs=2 * BATCH, max_seq_len=PROMPT, eviction=policy
+        POOL,
+        common.BLOCK_SIZE,
+        max_seqs=2 * BATCH,
+        max_seq_len=common.MAX_SEQ_LEN,
+        eviction=policy,
     )
-    next_token = 0
-
-    def fill(blocks: int) -> None:
-        nonlocal next_token
-        per = PROMPT // BLOCK_SIZE
-        lengths = np.full(blocks // per, PROMPT, dtype=np.int64)
-        if blocks % per:
-            lengths = np.append(lengths, blocks % per * BLOCK_SIZE)
-        for lo in range(0, len(lengths), 1024):
-            chunk = lengths[lo : lo + 1024]
-            tokens = np.arange(next_token, next_token + int(chunk.sum()), dtype=np.int64)
-            next_token += len(tokens)
-            mgr.release(mgr.admit(tokens, chunk).ids)
-
-    fill(mgr.stats().free)
-    counts = np.full(BATCH, BLOCK_SIZE, dtype=np.int64)
+    common.fill_cache(mgr, mgr.stats().free)
+    counts = np.full(BATCH, common.BLOCK_SIZE, dtype=np.int64)
     best = float("inf")
     for r in range(repeat + 1):  # the first call is a warm-up
         ids = mgr.new_sequences(BATCH)
@@ -61,7 +57,7 @@ def _evict_ns(policy: str, repeat: int) -> float:
         if r:
             best = min(best, time.perf_counter_ns() - start)
         mgr.release(ids)
-        fill(mgr.stats().free)
+        common.fill_cache(mgr, mgr.stats().free)
     mgr.check()
     return best / BATCH
 
