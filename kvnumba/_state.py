@@ -480,6 +480,7 @@ def _arena(fields: tuple[Field, ...], dims: dict[str, int]) -> tuple[np.ndarray,
 def state_dims(g: Geometry) -> dict[str, int]:
     """Values of the dimensions named in :data:`STATE_FIELDS`."""
     k = g.blocks_per_page
+    words, links = policy_columns(g.eviction)
     return {
         "blocks": g.num_blocks,
         "block_size": g.block_size,
@@ -493,9 +494,9 @@ def state_dims(g: Geometry) -> dict[str, int]:
         "pages": g.num_pages,
         "paged_blocks": g.num_blocks if k else 0,
         "blocks_per_page": k,
-        "policy_blocks": g.num_blocks if policy_columns(g.eviction)[1] else 0,
-        "pol_words": policy_columns(g.eviction)[0],
-        "pol_links": policy_columns(g.eviction)[1],
+        "policy_blocks": g.num_blocks if links else 0,
+        "pol_words": words,
+        "pol_links": links,
     }
 
 
