@@ -83,8 +83,10 @@ def test_sweep_on_two_workers_matches_one_by_one_in_process(client, tmp_path, ca
         assert metrics(doc["results"]) == {k: row[k] for k in metrics(doc["results"])}
         for name in CONFIG_COLUMNS:
             expected = doc["config"].get(name, getattr(point, name))
-            if name == "trace":
-                expected = point.trace  # the embedded name, resolved on each worker
+            if name in ("trace", "trace_format"):
+                # The embedded name, resolved on each worker; the format as asked ("auto"),
+                # where simulate reports the one it detected.
+                expected = getattr(point, name)
             assert row[name] == expected
         assert row["key"] == point.key
     assert len(seen_points) == 8
@@ -195,6 +197,80 @@ def test_unreadable_trace_rejected_before_any_task(monkeypatch, tmp_path):
     other.write_text("x")
     with pytest.raises(GridError, match="unknown trace format"):
         sweep(traces=[str(other)])
+
+
+def _head(trace: str, lines: int, dest: Path) -> str:
+    """The first ``lines`` lines of an embedded trace, copied to ``dest``."""
+    text = sweeps.resolve_trace(trace).read_text(encoding="utf-8").splitlines(keepends=True)
+    dest.write_text("".join(text[:lines]), encoding="utf-8")
+    return str(dest)
+
+
+def test_trace_files_of_any_suffix_give_the_rows_of_the_embedded_trace(tmp_path):
+    # A copy of 40 requests of each embedded trace under a name without a known suffix: the
+    # format comes from the first line, and the rows equal those of the embedded trace.
+    files = {
+        "mooncake": _head("mooncake", 40, tmp_path / "mooncake-trace"),
+        "azure": _head("azure", 41, tmp_path / "azure.log"),  # the header and 40 requests
+    }
+    for name, path in files.items():
+        grid = {"blocks": [900], "limit": 40}
+        (copy,) = make_grid(traces=[path], **grid)
+        (embedded,) = make_grid(traces=[name], **grid)
+        assert copy.trace == str(Path(path).resolve()) and copy.trace_format == "auto"
+        sweeps.check_traces([copy])
+        row, ref = sweeps.run_point(copy), sweeps.run_point(embedded)
+        assert row["served"] == ref["served"] > 0
+        drop = {"trace", "key", *TIMING_COLUMNS}
+        assert {k: v for k, v in row.items() if k not in drop} == {
+            k: v for k, v in ref.items() if k not in drop
+        }
+
+
+def test_trace_format_given_is_used_and_checked_before_any_task(monkeypatch, tmp_path):
+    monkeypatch.setattr(sweeps, "_dask_client", None)  # calling it would fail the test
+    azure = _head("azure", 31, tmp_path / "conv")
+    mooncake = _head("mooncake", 30, tmp_path / "turns")
+    (point,) = make_grid(traces=[azure, "mooncake"], limit=30, trace_format="azure")[:1]
+    assert point.trace_format == "azure"
+    embedded = make_grid(traces=["mooncake"], limit=30, trace_format="azure")[0]
+    assert embedded.trace_format == "auto"  # an embedded trace is read in its own format
+    sweeps.check_traces([point])
+    ref = sweeps.run_point(make_grid(traces=["azure"], limit=30)[0])
+    row = sweeps.run_point(point)
+    drop = {"trace", "trace_format", "key", *TIMING_COLUMNS}
+    assert {k: v for k, v in row.items() if k not in drop} == {
+        k: v for k, v in ref.items() if k not in drop
+    }
+    assert row["served"] > 0
+    with pytest.raises(GridError, match=r"turns: line 1: expected header"):
+        sweep(traces=[mooncake], trace_format="azure")
+    with pytest.raises(GridError, match="trace_format must be one of auto, mooncake"):
+        make_grid(traces=[azure], trace_format="parquet")
+
+
+def test_resume_key_leaves_out_the_automatic_trace_format(tmp_path):
+    # Rows written before the trace format existed keep their key: "auto" is not in it.
+    path = _head("azure", 11, tmp_path / "a.csv")
+    (auto,) = make_grid(traces=[path], limit=10)
+    (given,) = make_grid(traces=[path], limit=10, trace_format="azure")
+    values = dataclasses.asdict(auto)
+    del values["trace_format"]
+    assert auto.key == json.dumps(values, sort_keys=True, separators=(",", ":"))
+    assert given.key != auto.key and '"trace_format":"azure"' in given.key
+
+
+def test_trace_format_from_the_command_line_and_the_grid_file(monkeypatch, tmp_path, capsys):
+    parse = sweep_cli.build_parser().parse_args
+    args = parse(["--trace", "a.log", "--trace-format", "burstgpt"])
+    assert sweep_cli.grid_arguments(args)["trace_format"] == "burstgpt"
+    assert "trace_format" not in sweep_cli.grid_arguments(parse(["--trace", "a.log"]))
+    grid = tmp_path / "grid.toml"
+    grid.write_text('traces = ["a.log"]\ntrace_format = "azure"\n')
+    assert sweep_cli.read_grid_file(grid)["trace_format"] == "azure"
+    monkeypatch.setattr(sweeps, "_dask_client", None)
+    assert sweep_main(["--trace", "azure", "--trace-format", "csv"]) == 2
+    assert "invalid choice: 'csv'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -370,9 +446,10 @@ def test_grid_accepts_numpy_values_and_drops_duplicates():
 
 # --- the resume key covers every dimension ------------------------------------------------
 
-#: A small point, and for every field of SweepPoint another value.
+#: A small point, and for every field of SweepPoint another value. The trace is given as a file
+#: (the embedded Mooncake trace's), so that a trace format can be asked for.
 BASE = SweepPoint(
-    trace="mooncake",
+    trace=str(sweeps.resolve_trace("mooncake").resolve()),
     limit=12,
     blocks=3000,
     block_size=16,
@@ -400,6 +477,7 @@ OTHER = {
     "decode_us_per_token": 60.0,
     "step_overhead_us": 4000.0,
     "prefill_tokens_per_step": 2048,
+    "trace_format": "mooncake",
 }
 #: The sweep() argument of each field, where it is not spelled as the field.
 ARGUMENT = {"trace": "traces", "block_size": "block_sizes"}

@@ -14,6 +14,7 @@ from pathlib import Path
 from kvnumba.eviction import SIMULATOR_POLICIES, is_valid_policy
 from kvnumba.sim.cli import add_cost_options, interrupted
 from kvnumba.sim.scheduler import DEFAULT_MAX_SEQ_LEN, DEFAULT_STEP_MS
+from kvnumba.sim.traces import TRACE_FORMATS
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -77,6 +78,7 @@ CONFIG_KEYS = {
     "decode_us_per_token": "decode_us_per_token",
     "step_overhead_us": "step_overhead_us",
     "prefill_tokens_per_step": "prefill_tokens_per_step",
+    "trace_format": "trace_format",
     "out": "out",
     "scheduler": "scheduler",
     "workers": "n_workers",
@@ -108,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         (
             "--trace",
             "NAME",
-            "traces: 'mooncake', 'azure' (embedded) or .jsonl/.csv files (Mooncake, Azure LLM "
-            "inference 2023/2024, BurstGPT; the format is read from the first line)",
+            "traces: 'mooncake', 'azure' (embedded) or trace files of any suffix (Mooncake, "
+            "Azure LLM inference 2023/2024, BurstGPT; the format is read from the first line "
+            "unless --trace-format says it)",
         ),
         ("--blocks", "N", "pool sizes in blocks ('default': 2**19 tokens / block size)"),
         ("--block-size", "N", "tokens per block (default 16)"),
@@ -137,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, metavar, text in lists:
         p.add_argument(flag, action="append", metavar=metavar, help=text)
     p.add_argument("--limit", metavar="N", help="replay only the first N requests of each trace")
+    p.add_argument(
+        "--trace-format",
+        choices=TRACE_FORMATS,
+        default=None,
+        help="format of the trace files given by path; 'auto' reads each file's from its first "
+        "line (default: auto; the embedded traces are always read in their own)",
+    )
     p.add_argument(
         "--max-seq-len", metavar="N", help=f"longest sequence (default {DEFAULT_MAX_SEQ_LEN})"
     )
@@ -316,6 +326,8 @@ def grid_arguments(args: argparse.Namespace) -> dict:
     for attr, key in (("limit", "limit"), ("max_seq_len", "max_seq_len")):
         if getattr(args, attr) is not None:
             kwargs[key] = _int(getattr(args, attr), "--" + attr.replace("_", "-"))
+    if args.trace_format is not None:
+        kwargs["trace_format"] = args.trace_format
     if args.max_prefill_tokens is not None:
         kwargs["max_prefill_tokens"] = _int(args.max_prefill_tokens, "--max-prefill-tokens")
     for attr in ("prefill_us_per_token", "decode_us_per_token", "step_overhead_us"):

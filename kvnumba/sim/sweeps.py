@@ -53,7 +53,7 @@ from kvnumba.sim.scheduler import (
     SimConfig,
     simulate,
 )
-from kvnumba.sim.traces import Request, default_trace_path, load_trace
+from kvnumba.sim.traces import TRACE_FORMATS, Request, default_trace_path, load_trace
 
 #: Short names for the traces shipped in ``kvnumba/data``; a worker resolves them in its own
 #: installation, so they work on a cluster without a shared file system.
@@ -77,6 +77,10 @@ QUIET_WORKERS = {
 
 RESULTS_JSONL = "results.jsonl"
 RESULTS_CSV = "results.csv"
+
+
+# A field's metadata key: the value at which the field is left out of the resume key.
+_KEY_OMITS = "key_omits"
 
 
 class GridError(ValueError):
@@ -119,6 +123,9 @@ class SweepPoint:
         :data:`kvnumba.sim.cost.DEFAULT_COST`'s.
     prefill_tokens_per_step : int or None
         The cost model's prompt tokens per forward pass; ``None`` for no limit.
+    trace_format : str
+        The trace file's format (:data:`kvnumba.sim.traces.TRACE_FORMATS`); ``"auto"`` reads it
+        from the file's first line.
     """
 
     trace: str
@@ -137,6 +144,7 @@ class SweepPoint:
     decode_us_per_token: float = DEFAULT_COST.decode_us_per_token
     step_overhead_us: float = DEFAULT_COST.step_overhead_us
     prefill_tokens_per_step: int | None = DEFAULT_COST.prefill_tokens_per_step
+    trace_format: str = field(default="auto", metadata={_KEY_OMITS: "auto"})
 
     @property
     def key(self) -> str:
@@ -144,9 +152,15 @@ class SweepPoint:
 
         Built from the dataclass's fields, not from a list kept beside them, so that a field
         added to the point (a new grid dimension) is part of the key without anyone
-        remembering to add it: two points that differ in any field never share a key.
+        remembering to add it: two points that differ in any field never share a key. A field
+        added with a value that means "as before" declares it (``metadata``) and is left out
+        at that value, so that rows written before the field existed keep their key.
         """
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if _KEY_OMITS not in f.metadata or getattr(self, f.name) != f.metadata[_KEY_OMITS]
+        }
         return json.dumps(values, sort_keys=True, separators=(",", ":"))
 
     def sim_config(self) -> SimConfig:
@@ -263,13 +277,15 @@ def make_grid(
     decode_us_per_token: float = DEFAULT_COST.decode_us_per_token,
     step_overhead_us: float = DEFAULT_COST.step_overhead_us,
     prefill_tokens_per_step: int | None = DEFAULT_COST.prefill_tokens_per_step,
+    trace_format: str = "auto",
 ) -> list[SweepPoint]:
     """Validate a grid and list its points (trace-major, pool sizes innermost).
 
     Parameters
     ----------
     traces : str or sequence of str
-        Embedded trace names (``mooncake``, ``azure``) or ``.jsonl`` / ``.csv`` paths.
+        Embedded trace names (``mooncake``, ``azure``) or paths of trace files, whatever their
+        suffix.
     blocks : int or sequence of int, optional
         Pool sizes in blocks; ``None`` (or a ``None`` entry) is the default pool of
         ``kvnumba simulate``, ``2**19`` tokens / block size.
@@ -292,6 +308,11 @@ def make_grid(
         grid dimensions): what the modeled TTFT and TPOT of every row assume.
     prefill_tokens_per_step : int or None
         The cost model's prompt tokens per forward pass (>= 1; ``None`` for no limit).
+    trace_format : str
+        The format of the trace files given by path (one of
+        :data:`kvnumba.sim.traces.TRACE_FORMATS`, not a grid dimension); ``"auto"`` (the
+        default) reads each file's format from its first line. Embedded traces are always
+        read in their own format.
 
     Returns
     -------
@@ -301,25 +322,28 @@ def make_grid(
     Raises
     ------
     GridError
-        A ``ValueError``: on an empty dimension, an unknown trace (not embedded, no such
-        file, or a format other than ``.jsonl`` / ``.csv``), or a bad value (block size 0,
+        A ``ValueError``: on an empty dimension, an unknown trace (not embedded and no such
+        file), an unknown trace format, or a bad value (block size 0,
         non-finite step, unknown eviction policy, a chunk size that is not a multiple of a
         block size, ...). The message names the dimension and the value.
     """
     names = _values("traces", traces, lambda v: isinstance(v, (str, os.PathLike)), "names")
-    trace_ids = []
+    if trace_format not in TRACE_FORMATS:
+        raise GridError(
+            f"trace_format must be one of {', '.join(TRACE_FORMATS)}, got {trace_format!r}"
+        )
+    trace_ids = []  # (trace, its format)
     for t in names:
         path = resolve_trace(t)
-        if str(t) not in EMBEDDED_TRACES:
-            if not path.is_file():
-                raise GridError(
-                    f"unknown trace {str(t)!r}: not an embedded trace "
-                    f"({', '.join(EMBEDDED_TRACES)}) and no such file"
-                )
-            if path.suffix.lower() not in (".jsonl", ".csv"):
-                raise GridError(f"unknown trace format {str(t)!r}: expected .jsonl or .csv")
-            t = str(path.resolve())
-        trace_ids.append(str(t))
+        if str(t) in EMBEDDED_TRACES:
+            trace_ids.append((str(t), "auto"))
+            continue
+        if not path.is_file():
+            raise GridError(
+                f"unknown trace {str(t)!r}: not an embedded trace "
+                f"({', '.join(EMBEDDED_TRACES)}) and no such file"
+            )
+        trace_ids.append((str(path.resolve()), trace_format))
     sizes = _values("block_size", block_sizes, _positive_int, "an integer >= 1")
     pools = _values("blocks", blocks, _optional(_positive_int), "an integer >= 1")
     caching = _values(
@@ -379,11 +403,12 @@ def make_grid(
         )
     scalars["prefill_tokens_per_step"] = _plain(prefill_tokens_per_step)
     points: dict[str, SweepPoint] = {}
-    for trace, bs, pc, mb, st, ev, (sw, ch), nb in itertools.product(
+    for (trace, fmt), bs, pc, mb, st, ev, (sw, ch), nb in itertools.product(
         trace_ids, sizes, caching, batches, steps, policies, kinds, pools
     ):
         p = SweepPoint(
             trace=trace,
+            trace_format=fmt,
             blocks=nb if nb is not None else max(1, DEFAULT_POOL_TOKENS // bs),
             block_size=bs,
             prefix_caching=pc,
@@ -413,9 +438,9 @@ def check_traces(points: Sequence[SweepPoint]) -> None:
         that needs them (``oracle``).
     """
     hindsight = {(p.trace, p.limit) for p in points if needs_future(p.eviction)}
-    for trace, limit in dict.fromkeys((p.trace, p.limit) for p in points):
+    for trace, limit, fmt in dict.fromkeys((p.trace, p.limit, p.trace_format) for p in points):
         try:
-            requests = _load(trace, limit)
+            requests = _load(trace, limit, fmt)
         except (OSError, ValueError) as exc:  # a malformed line's message names file and line
             raise GridError(f"cannot read trace {trace!r}: {exc}") from None
         if not requests:
@@ -450,13 +475,13 @@ def warm_kernels(policy: bool = False) -> None:
 # Per worker process: the first task that needs a trace (or its block keys) parses it, the
 # later tasks of that worker reuse it. Small caches: a sweep touches few traces at a time.
 @functools.lru_cache(maxsize=4)
-def _load(trace: str, limit: int | None) -> list[Request]:
-    return load_trace(resolve_trace(trace), limit=limit)
+def _load(trace: str, limit: int | None, fmt: str) -> list[Request]:
+    return load_trace(resolve_trace(trace), limit=limit, fmt=fmt)
 
 
 @functools.lru_cache(maxsize=4)
-def _keys(trace: str, limit: int | None, block_size: int) -> BlockKeys | None:
-    return block_keys(_load(trace, limit), block_size)
+def _keys(trace: str, limit: int | None, fmt: str, block_size: int) -> BlockKeys | None:
+    return block_keys(_load(trace, limit, fmt), block_size)
 
 
 def _adopt_cache_dir(cache_dir: str | None) -> None:
@@ -492,9 +517,9 @@ def run_point(point: SweepPoint, cache_dir: str | None = None) -> dict:
     """
     t0 = time.perf_counter()
     _adopt_cache_dir(cache_dir)
-    requests = _load(point.trace, point.limit)
+    requests = _load(point.trace, point.limit, point.trace_format)
     config = point.sim_config()
-    keys = _keys(point.trace, point.limit, point.block_size)
+    keys = _keys(point.trace, point.limit, point.trace_format, point.block_size)
     result = simulate(requests, config, keys=keys)
     results = result_fields(result, requests, config, keys)
     results["wall_s"] = round(time.perf_counter() - t0, 2)
@@ -701,6 +726,7 @@ def sweep(
     decode_us_per_token: float = DEFAULT_COST.decode_us_per_token,
     step_overhead_us: float = DEFAULT_COST.step_overhead_us,
     prefill_tokens_per_step: int | None = DEFAULT_COST.prefill_tokens_per_step,
+    trace_format: str = "auto",
     out: str | os.PathLike | None = None,
     scheduler=None,
     n_workers: int | None = None,
@@ -713,8 +739,8 @@ def sweep(
     ----------
     traces, blocks, block_sizes, prefix_caching, eviction, max_batch, step_ms, limit, \
 max_seq_len, max_prefill_tokens, sliding_window, attention_chunk_size, prefill_us_per_token, \
-decode_us_per_token, step_overhead_us, prefill_tokens_per_step
-        The grid and the cost profile; see :func:`make_grid`.
+decode_us_per_token, step_overhead_us, prefill_tokens_per_step, trace_format
+        The grid, the cost profile and the trace files' format; see :func:`make_grid`.
     out : str or path-like, optional
         Output folder: rows are appended to ``results.jsonl`` and ``results.csv`` as each task
         finishes, and points already there are skipped (resume). ``None`` keeps rows in memory.
@@ -762,6 +788,7 @@ decode_us_per_token, step_overhead_us, prefill_tokens_per_step
         decode_us_per_token=decode_us_per_token,
         step_overhead_us=step_overhead_us,
         prefill_tokens_per_step=prefill_tokens_per_step,
+        trace_format=trace_format,
     )
     check_traces(points)
     store = ResultStore(out) if out is not None else None
