@@ -9,7 +9,7 @@ manager built with a policy other than LRU binds the kernels' policy versions
 
 from __future__ import annotations
 
-from kvnumba._state import S_PRIORITY_FN
+from kvnumba._state import S_PRIORITY_FN, S_PRIORITY_REKEY
 from kvnumba.eviction import BUILTIN_POLICIES, HINDSIGHT_POLICIES, check_next_use, check_tags
 from kvnumba.inputs import index_array
 
@@ -37,6 +37,7 @@ class EvictionPolicy:
             self.name = priority.name
             # The kernels call the priority through its address in this process.
             arenas.scr[S_PRIORITY_FN] = priority.address()
+            arenas.scr[S_PRIORITY_REKEY] = priority.rekey_triggers()
         else:
             self.name = (BUILTIN_POLICIES + HINDSIGHT_POLICIES)[geometry.eviction]
         self.num_blocks, self.arenas, self.kernels = geometry.num_blocks, arenas, kernels

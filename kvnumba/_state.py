@@ -142,6 +142,13 @@ S_EVT_N = 10  # block events recorded and not yet collected by the facade (rows 
 # part of the state), and the tokens of the sequence being released (the ``length`` feature).
 S_PRIORITY_FN = 11
 S_RELEASE_LEN = 12
+# Which feature changes make a priority policy's cached block be keyed again (``REKEY_*`` bits,
+# set by the facade with the address): those whose feature its function reads.
+S_PRIORITY_REKEY = 13
+REKEY_CHILDREN = 1
+REKEY_ORPHAN = 2
+REKEY_NEXT_USE = 4
+REKEY_TAG = 8
 # The feature record a priority is called with (``kvnumba.priority.BlockFeatures``, in order).
 S_FEATURES = 16
 SCR_SIZE = 32

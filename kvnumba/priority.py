@@ -13,7 +13,9 @@ When a priority is evaluated
     its features other than the clocks changes: it becomes an orphan, its next-use hint or its
     tag is set, or (unless only leaves are candidates, which have no children) a child of it
     enters or leaves the cache. ``clock`` and ``age`` are their values at that moment; a policy
-    that ages its blocks does it through ``age``, as GreedyDual does.
+    that ages its blocks does it through ``age``, as GreedyDual does. The kernels skip an
+    evaluation that cannot change the priority: after a change of a feature the function does
+    not read, unless it reads ``clock`` or ``age`` (:meth:`PriorityPolicy.features_read`).
 
 See ``docs/eviction.md`` ("Your own policy") for a tutorial, and :mod:`kvnumba.policies` for
 the policies kvnumba ships written this way.
@@ -21,6 +23,7 @@ the policies kvnumba ships written this way.
 
 from __future__ import annotations
 
+import dis
 import importlib
 from typing import NamedTuple
 
@@ -28,6 +31,8 @@ import numpy as np
 from numba import njit, types
 from numba.core import config
 from numba.core.registry import CPUDispatcher
+
+from kvnumba._state import REKEY_CHILDREN, REKEY_NEXT_USE, REKEY_ORPHAN, REKEY_TAG
 
 __all__ = ["BlockFeatures", "PriorityPolicy", "priority_policy", "resolve"]
 
@@ -85,6 +90,43 @@ class BlockFeatures(NamedTuple):
 FEATURES = BlockFeatures._fields
 NUM_FEATURES = len(FEATURES)
 
+#: The feature whose change each ``REKEY_*`` trigger of the kernels stands for.
+_REKEY_BITS = {
+    "children": REKEY_CHILDREN,
+    "orphan": REKEY_ORPHAN,
+    "next_use": REKEY_NEXT_USE,
+    "tag": REKEY_TAG,
+}
+# Instructions that read a local variable by name (one or, from Python 3.13, two at once).
+_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_FAST_BORROW")
+
+
+def _attributes_read(fn) -> frozenset[str]:
+    """The features ``fn(f)`` reads as ``f.name``; all of them if ``f`` is used otherwise."""
+    every = frozenset(FEATURES)
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_argcount != 1:
+        return every
+    arg = code.co_varnames[0]
+    if arg in code.co_cellvars:  # captured by an inner function
+        return every
+    ins = list(dis.get_instructions(code))
+    reads = set()
+    for i, op in enumerate(ins):
+        if op.argval == arg and op.opname.startswith(("STORE_", "DELETE_")):
+            return every
+        if op.opname.startswith("LOAD_FAST") and op.opname not in _LOADS:
+            if arg in (op.argval if isinstance(op.argval, tuple) else (op.argval,)):
+                return every  # a fused load of two locals: not followed by one attribute
+            continue
+        if op.opname not in _LOADS or op.argval != arg:
+            continue
+        after = ins[i + 1] if i + 1 < len(ins) else None
+        if after is None or after.opname != "LOAD_ATTR" or after.argval not in every:
+            return every
+        reads.add(after.argval)
+    return frozenset(reads)
+
 
 class PriorityPolicy:
     """An eviction policy given by a priority over :class:`BlockFeatures` (smallest evicted).
@@ -131,6 +173,7 @@ class PriorityPolicy:
         self.priority = priority if isinstance(priority, CPUDispatcher) else njit(priority)
         self._address: int | None = None
         self._callback = None
+        self._reads: frozenset[str] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -159,6 +202,37 @@ class PriorityPolicy:
         """
         fn = getattr(self.priority, "py_func", self.priority)
         return int(fn(features))
+
+    def features_read(self) -> frozenset[str]:
+        """The features the priority function reads, from its bytecode: the attributes it
+        loads from its argument. Every feature when the argument is used in any other way
+        (passed on, indexed, unpacked, captured, reassigned), so the answer never leaves out a
+        feature the function depends on.
+
+        Returns
+        -------
+        frozenset of str
+            Names of :class:`BlockFeatures` fields.
+        """
+        if self._reads is None:
+            fn = getattr(self.priority, "py_func", self.priority)
+            self._reads = _attributes_read(fn)
+        return self._reads
+
+    def rekey_triggers(self) -> int:
+        """The feature changes after which the kernels compute a cached block's priority again
+        (``REKEY_*`` bits of ``kvnumba._state``): those of a feature the function reads, and all
+        of them if it reads ``clock`` or ``age``, whose values differ at every call. Skipping
+        the others cannot change a priority, so it changes no victim.
+
+        Returns
+        -------
+        int
+        """
+        reads = self.features_read()
+        if reads & {"clock", "age"}:
+            return sum(_REKEY_BITS.values())
+        return sum(bit for name, bit in _REKEY_BITS.items() if name in reads)
 
     def address(self) -> int:
         """The address the kernels call (compiled on first use, once per process).

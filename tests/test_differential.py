@@ -9,8 +9,8 @@ sibling reclaim happen often):
   ``on_unmap``.
 
 Every manager draws its eviction policy (``kvnumba.eviction``: every ``BlockManager`` policy, the
-simulator's ``oracle``, which also gets random next-use hints, and two priority policies defined
-in this file, which get random hints and tags), so the run covers each policy in both set-ups,
+simulator's ``oracle``, which also gets random next-use hints, and three priority policies of a
+user, defined in ``user_policies.py``, which get random hints and tags), so the run covers each policy in both set-ups,
 and both sides must choose the same victims: the kernels call the compiled priority, the
 reference its Python function.
 
@@ -38,7 +38,7 @@ import numpy as np
 # The state machines' views of kernel state that the reference exposes directly.
 from test_stateful import lru_order
 from test_stateful_pages import kernel_cache_only, kernel_owners, reference_owners
-from user_policies import AGING_LEAVES, every_feature
+from user_policies import AGING_LEAVES, every_feature, parents_last
 
 import kvnumba
 from kvnumba import KVCacheGroup
@@ -46,8 +46,8 @@ from kvnumba.eviction import BUILTIN_POLICIES, HINDSIGHT_POLICIES, SIMULATOR_POL
 from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
 
 #: The policies a manager draws from.
-POLICIES = (*SIMULATOR_POLICIES, every_feature, AGING_LEAVES)
-POLICY_NAMES = (*SIMULATOR_POLICIES, every_feature.name, AGING_LEAVES.name)
+POLICIES = (*SIMULATOR_POLICIES, every_feature, AGING_LEAVES, parents_last)
+POLICY_NAMES = (*SIMULATOR_POLICIES, *(p.name for p in (every_feature, AGING_LEAVES, parents_last)))
 
 MIN_OPERATIONS = 200_000
 ROUND = 2_000  # operations per geometry; rounds alternate between the two set-ups

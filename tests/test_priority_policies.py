@@ -283,6 +283,65 @@ def test_a_planted_heap_bug_under_a_priority_policy_is_caught():
         mgr.check()
 
 
+def _stamp_only(f):
+    return f.stamp
+
+
+def _passes_f_on(f):
+    return _stamp_only(f)
+
+
+def _aliases_f(f):
+    g = f
+    return g.hits
+
+
+def _indexes_f(f):
+    return f[2] + f.depth
+
+
+def _captures_f(f):
+    return (lambda: f.hits)()
+
+
+def _branches(f):
+    return f.stamp if f.children else f.depth + f.orphan
+
+
+EVERY = set(BlockFeatures._fields)
+
+
+@pytest.mark.parametrize(
+    ("fn", "reads"),
+    [
+        (_stamp_only, {"stamp"}),
+        (_branches, {"stamp", "children", "depth", "orphan"}),
+        (_passes_f_on, EVERY),  # what the callee reads is not looked at: all
+        (_aliases_f, EVERY),
+        (_indexes_f, EVERY),
+        (_captures_f, EVERY),
+    ],
+)
+def test_features_read_never_leave_out_what_the_function_uses(fn, reads):
+    assert PriorityPolicy(fn, name="p").features_read() == reads
+
+
+def test_rekey_triggers_are_the_features_read_or_all_with_a_clock():
+    from kvnumba._state import REKEY_CHILDREN, REKEY_NEXT_USE, REKEY_ORPHAN, REKEY_TAG
+    from kvnumba.policies import SHIPPED
+
+    every = REKEY_CHILDREN | REKEY_ORPHAN | REKEY_NEXT_USE | REKEY_TAG
+    assert PriorityPolicy(_stamp_only, name="p").rekey_triggers() == 0
+    assert PriorityPolicy(_branches, name="p").rekey_triggers() == REKEY_CHILDREN | REKEY_ORPHAN
+    assert PriorityPolicy(lambda f: f.tag + f.next_use, name="p").rekey_triggers() == (
+        REKEY_TAG | REKEY_NEXT_USE
+    )
+    assert PriorityPolicy(lambda f: f.clock, name="p").rekey_triggers() == every
+    assert PriorityPolicy(lambda f: f.age - f.stamp, name="p").rekey_triggers() == every
+    assert SHIPPED["t-lru"].rekey_triggers() == 0  # stamp, depth, length: fixed while cached
+    assert SHIPPED["rlt"].rekey_triggers() == every
+
+
 def test_features_are_documented_in_record_order():
     from kvnumba.priority import FEATURES, NUM_FEATURES
 

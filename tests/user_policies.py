@@ -25,5 +25,14 @@ def _aging_leaves(f):
 #: A leaves-only one, GreedyDual-like (its keys read the age), made from a plain function.
 AGING_LEAVES = PriorityPolicy(_aging_leaves, name="aging-leaves", leaves_only=True)
 
-#: Both, for the tests that draw a policy.
-USER_POLICIES = (every_feature, AGING_LEAVES)
+
+@priority_policy("parents-last")
+def parents_last(f):
+    """Reads ``children`` and no clock: the kernels key a block again when a child of it enters
+    or leaves the cache, and skip the other feature changes (``rekey_triggers``), which the
+    reference model never skips."""
+    return f.stamp + (f.children << 40)
+
+
+#: The three, for the tests that draw a policy.
+USER_POLICIES = (every_feature, AGING_LEAVES, parents_last)

@@ -60,8 +60,13 @@ from kvnumba._state import (
     M_POLICY_FAULTS,
     M_PRIORITY_LEAVES,
     NIL,
+    REKEY_CHILDREN,
+    REKEY_NEXT_USE,
+    REKEY_ORPHAN,
+    REKEY_TAG,
     S_FEATURES,
     S_PRIORITY_FN,
+    S_PRIORITY_REKEY,
     S_RELEASE_LEN,
     W_DEPTH,
     W_HINT,
@@ -133,11 +138,11 @@ def _set_word(v, b, column, value):
 
 
 # --- the heap: a min-heap of blocks on (key, stamp) --------------------------------------------
+# Stamps are unique among cached blocks, so (key, stamp) orders them totally: any valid heap
+# has the same top, and the victims do not depend on how the heap is arranged.
 @inlined
-def _before(v, a, b):
-    ka = pol_words(v)[a, W_KEY]
-    kb = pol_words(v)[b, W_KEY]
-    return ka < kb or (ka == kb and pol_words(v)[a, W_STAMP] < pol_words(v)[b, W_STAMP])
+def _less(ka, sa, kb, sb):
+    return ka < kb or (ka == kb and sa < sb)
 
 
 @inlined
@@ -146,40 +151,79 @@ def _place(v, i, b):
     _set_link(v, b, L_POS, i)
 
 
-# The two loops stay out of line, taking the three arenas rather than the views: an
-# out-of-line call passes every argument flattened, and the views are forty arrays.
+# The loops stay out of line, taking the three arenas rather than the views: an out-of-line
+# call passes every argument flattened, and the views are forty arrays. They keep the moving
+# block's key and stamp in locals: the heap's writes go to the same arena as the keys, so the
+# compiler could not keep them itself.
 @out_of_line
 def _sift_up_at(arena, scratch, pool, i):
     v = views(arena, scratch, pool)
-    links = pol_links(v)
+    links, words = pol_links(v), pol_words(v)
     b = links[i, L_HEAP]
+    kb, sb = words[b, W_KEY], words[b, W_STAMP]
     while i > 0:
         p = (i - 1) >> 1
         q = links[p, L_HEAP]
-        if not _before(v, b, q):
+        if not _less(kb, sb, words[q, W_KEY], words[q, W_STAMP]):
             break
         _place(v, i, q)
         i = p
     _place(v, i, b)
 
 
+@inlined
+def _smaller_child(links, words, c, n):
+    """Of the children ``c`` and ``c + 1`` (if below ``n``): position, block, key, stamp of the
+    one that comes first."""
+    bc = links[c, L_HEAP]
+    kc, sc = words[bc, W_KEY], words[bc, W_STAMP]
+    if c + 1 < n:
+        bd = links[c + 1, L_HEAP]
+        kd, sd = words[bd, W_KEY], words[bd, W_STAMP]
+        if _less(kd, sd, kc, sc):
+            return c + 1, bd, kd, sd
+    return c, bc, kc, sc
+
+
 @out_of_line
 def _sift_down_at(arena, scratch, pool, i):
     v = views(arena, scratch, pool)
-    links = pol_links(v)
+    links, words = pol_links(v), pol_words(v)
     n = v.meta[M_HEAP_N]
     b = links[i, L_HEAP]
-    while True:
-        c = 2 * i + 1
-        if c >= n:
+    kb, sb = words[b, W_KEY], words[b, W_STAMP]
+    while 2 * i + 1 < n:
+        c, bc, kc, sc = _smaller_child(links, words, 2 * i + 1, n)
+        if not _less(kc, sc, kb, sb):
             break
-        if c + 1 < n and _before(v, links[c + 1, L_HEAP], links[c, L_HEAP]):
-            c += 1
-        if not _before(v, links[c, L_HEAP], b):
-            break
-        _place(v, i, links[c, L_HEAP])
+        _place(v, i, bc)
         i = c
     _place(v, i, b)
+
+
+@out_of_line
+def _pop_top_at(arena, scratch, pool, last):
+    """Fill the heap's empty top with block ``last`` (taken from its end): the hole goes down
+    along the smaller children to a leaf, one comparison a level, then ``last`` rises from
+    there. The block from the end belongs near the bottom, so this compares about half as
+    often as sifting it down from the top."""
+    v = views(arena, scratch, pool)
+    links, words = pol_links(v), pol_words(v)
+    n = v.meta[M_HEAP_N]
+    i = np.int64(0)
+    while 2 * i + 1 < n:
+        c, bc, _, _ = _smaller_child(links, words, 2 * i + 1, n)
+        _place(v, i, bc)
+        i = c
+    kb, sb = words[last, W_KEY], words[last, W_STAMP]
+    while i > 0:
+        p = (i - 1) >> 1
+        q = links[p, L_HEAP]
+        if not _less(kb, sb, words[q, W_KEY], words[q, W_STAMP]):
+            break
+        _place(v, i, q)
+        i = p
+    _place(v, i, last)
 
 
 @inlined
@@ -210,9 +254,12 @@ def heap_remove(v, b):
     _set_link(v, b, L_POS, NIL)
     if i != n:
         last = pol_links(v)[n, L_HEAP]
-        _place(v, i, last)
-        _sift_up(v, i)
-        _sift_down(v, np.int64(pol_links(v)[last, L_POS]))
+        if i == 0:  # the victim, mostly
+            _pop_top_at(v.arena, v.scratch, v.pool, last)
+        else:
+            _place(v, i, last)
+            _sift_up(v, i)
+            _sift_down(v, np.int64(pol_links(v)[last, L_POS]))
 
 
 @inlined
@@ -253,12 +300,13 @@ def priority_of(v, b):
     record (``kvnumba.priority.BlockFeatures``, in order), the policy's function called."""
     words = pol_words(v)
     links = pol_links(v)
-    children = 0
-    c = links[b, L_KID]
-    while c != NIL:
-        children += 1
-        c = links[c, L_SIB_NEXT]
     scr = v.scr
+    children = 0
+    if scr[S_PRIORITY_REKEY] & REKEY_CHILDREN:  # else the function does not read it
+        c = links[b, L_KID]
+        while c != NIL:
+            children += 1
+            c = links[c, L_SIB_NEXT]
     meta = v.meta
     f = S_FEATURES
     scr[f] = b
@@ -315,6 +363,14 @@ def rekey(v, b):
 
 
 @inlined
+def rekeys_on(v, trigger):
+    """Whether the change of a feature (a ``REKEY_*`` bit) can change a cached block's key:
+    always under the built-in policies; under a priority policy if its function reads the
+    feature, or the clocks (``kvnumba.priority.PriorityPolicy.rekey_triggers``)."""
+    return v.meta[M_POLICY] != P_PRIORITY or (v.scr[S_PRIORITY_REKEY] & trigger) != 0
+
+
+@inlined
 def is_cached(v, b):
     """Whether block ``b`` is cached: registered, with refcount 0 (on the LRU list)."""
     return v.ref[b] == 0 and (v.block_flags[b] & F_REGISTERED) != 0
@@ -359,7 +415,8 @@ def orphan_kids(v, p):
         after = pol_links(v)[c, L_SIB_NEXT]
         _unlink_kid(v, c, p)
         _set_flags(v, c, v.block_flags[c] | F_ORPHAN)
-        rekey(v, c)
+        if rekeys_on(v, REKEY_ORPHAN):
+            rekey(v, c)
         c = after
 
 
@@ -393,8 +450,9 @@ def enter_cache(v, b):
             if leaves and pol_links(v)[p, L_KID] == NIL and pol_links(v)[p, L_POS] != NIL:
                 heap_remove(v, p)  # no longer a leaf
             _link_kid(v, b, p)
-            if policy == P_PRIORITY and not leaves and is_cached(v, p):
-                rekey(v, p)  # one child more
+            if policy == P_PRIORITY and not leaves and rekeys_on(v, REKEY_CHILDREN):
+                if is_cached(v, p):
+                    rekey(v, p)  # one child more
         elif p != NIL:
             _set_flags(v, b, v.block_flags[b] | F_ORPHAN)
         _set_word(v, b, W_KEY, leaf_key(v, b))
@@ -447,7 +505,7 @@ def leave_cache(v, b, how):
         p = np.int64(pol_links(v)[b, L_PARENT])
         _unlink_kid(v, b, p)
         if is_cached(v, p):
-            if policy == P_PRIORITY and not leaves_only(v):
+            if policy == P_PRIORITY and not leaves_only(v) and rekeys_on(v, REKEY_CHILDREN):
                 rekey(v, p)  # one child less
             if leaves_only(v) and pol_links(v)[p, L_KID] == NIL:
                 heap_push(v, p)  # a leaf now
@@ -543,7 +601,7 @@ def set_next_use(v, b, next_use):
     content (-1: never; a priority policy's ``next_use`` hint)."""
     column = W_HINT if v.meta[M_POLICY] == P_PRIORITY else W_VALUE
     _set_word(v, b, column, next_use)
-    if is_cached(v, b):
+    if is_cached(v, b) and rekeys_on(v, REKEY_NEXT_USE):
         rekey(v, b)
 
 
@@ -551,7 +609,7 @@ def set_next_use(v, b, next_use):
 def set_tag(v, b, tag):
     """A priority policy: block ``b``'s tag (``kvnumba.priority.BlockFeatures.tag``)."""
     _set_word(v, b, W_TAG, tag)
-    if is_cached(v, b):
+    if is_cached(v, b) and rekeys_on(v, REKEY_TAG):
         rekey(v, b)
 
 
