@@ -292,7 +292,9 @@ def validated_geometry(
     cache_duplicates = switch(cache_duplicates, "cache_duplicates")
     if not 0 <= hash_bits <= 64:
         raise bad("_hash_bits must be in [0, 64]")
-    groups = (window_geometry(sliding_window, attention_chunk_size, block_size),)
+    groups: tuple[tuple[int, int], ...] = (
+        window_geometry(sliding_window, attention_chunk_size, block_size),
+    )
     if kv_cache_groups is not None:
         if groups != ((0, 0),):
             raise bad("give the attention kind in kv_cache_groups, not also on the manager")

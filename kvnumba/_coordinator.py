@@ -113,7 +113,7 @@ class PoolCoordinator:
         """Forget the queued pages (the pool is closed: there is nothing to give them back to)."""
         self._orphans.clear()
 
-    def give_back_orphans(self) -> Exception | None:
+    def give_back_orphans(self) -> BaseException | None:
         """Unmap the pages of managers that were closed or garbage-collected (``on_unmap`` too).
 
         Returns the first exception ``on_unmap`` raised, not raising it: every orphan is still

@@ -9,7 +9,7 @@ from kvnumba._shm import lock_path
 try:  # POSIX only; without it a shared pool cannot be created (a private one still works)
     import fcntl
 except ImportError:  # pragma: no cover - non-POSIX platforms
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
 
 class FileLock:

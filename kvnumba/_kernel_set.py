@@ -13,12 +13,18 @@ compiles.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 from kvnumba.kernels import LAZY, ONE_REQUEST, SIGNATURES, compiled
 
 #: Entry kernels a manager can call, by their plain names (a page pool's variant is bound under
 #: the plain name).
 KERNEL_NAMES = tuple(name for name in SIGNATURES if not name.endswith("_paged"))
+
+#: A compiled entry kernel (a numba dispatcher), a :class:`Lazy` loader, or ``_closed``: each
+#: takes the call's inputs, then the arenas, and returns its status and outputs.
+Kernel = Callable[..., Any]
 
 # (entry kernel name, policy) -> compiled entry point, shared by all managers.
 _LOADED: dict = {}
@@ -86,6 +92,36 @@ class KernelSet:
         which reads the state).
     """
 
+    # Every kernel attribute, declared (``__init__`` binds each by the one rule below; the
+    # module's last line checks that this list and ``kvnumba.kernels.SIGNATURES`` agree).
+    k_new_sequences: Kernel
+    k_append: Kernel
+    k_can_append: Kernel
+    k_admit: Kernel
+    k_fork: Kernel
+    k_release: Kernel
+    k_block_tables: Kernel
+    k_seq_lens: Kernel
+    k_check: Kernel
+    k_rollback: Kernel
+    k_truncate: Kernel
+    k_release_window: Kernel
+    k_evict: Kernel
+    k_reset_prefix_cache: Kernel
+    k_admit_keys: Kernel
+    k_lookup: Kernel
+    k_lookup_keys: Kernel
+    k_set_keys: Kernel
+    k_append_one: Kernel
+    k_append_one_keys: Kernel
+    k_admit_one: Kernel
+    k_admit_one_keys: Kernel
+    k_lookup_one_keys: Kernel
+    k_give_up: Kernel
+    k_commit_give_up: Kernel
+    k_set_next_use: Kernel
+    k_set_tags: Kernel
+
     __slots__ = (*KERNEL_NAMES, "__weakref__")
 
     def __init__(self, paged: bool, policy: bool = False):
@@ -109,3 +145,7 @@ class KernelSet:
 def ready(kernel):
     """``kernel`` compiled: a :class:`Lazy` loader is loaded now (before a lock is taken)."""
     return kernel.load() if type(kernel) is Lazy else kernel
+
+
+if tuple(KernelSet.__annotations__) != KERNEL_NAMES:
+    raise ImportError("KernelSet's declared kernels differ from kvnumba.kernels.SIGNATURES")

@@ -130,7 +130,7 @@ class OneRequest:
 
     def admit_one(
         self, manager, tokens, length, salt, keys, max_hit_blocks, tried=False
-    ) -> tuple[int, int]:
+    ) -> tuple[int | tuple[int, ...], int]:
         """``BlockManager.admit_one`` past its fast path (``tried``: the manager's own try of
         ``k_admit_one_keys`` failed, so the batched call serves it)."""
         if type(salt) is not int:

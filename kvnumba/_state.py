@@ -8,7 +8,8 @@ the per-block flag bits.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections import namedtuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -176,7 +177,12 @@ class RoomBuffer(NamedTuple):
 
     name: str
     dtype: type
-    count: int
+    length: int
+
+
+def _record(typename: str, values: dict[str, int]) -> Any:
+    """``values`` as a NamedTuple of ints named ``typename`` (its fields known only at run time)."""
+    return namedtuple(typename, list(values))(**values)
 
 
 def room_layout(typename: str, buffers: tuple[RoomBuffer, ...], words: int, rest: str):
@@ -189,11 +195,11 @@ def room_layout(typename: str, buffers: tuple[RoomBuffer, ...], words: int, rest
         size = np.dtype(buffer.dtype).itemsize
         at = -(-at // size) * size
         offsets[buffer.name] = at
-        at += size * buffer.count
+        at += size * buffer.length
     if at > 8 * words:
         raise ValueError(f"{typename}: {at} bytes do not fit in {words} words")
     offsets[rest] = 8 * words
-    return NamedTuple(typename, [(name, int) for name in offsets])(**offsets)
+    return _record(typename, offsets)
 
 
 #: The buffers of ``append_one`` (one sequence of an append without token ids).
@@ -371,12 +377,51 @@ def _state_doc() -> str:
         "----------",
     ]
     for f in STATE_FIELDS:
-        lines += [f"{f.name} : {np.dtype(f.dtype).name}[{', '.join(f.dims)}]", f"    {f.doc}"]
+        shape = f"{np.dtype(f.dtype).name}[{', '.join(f.dims)}]"
+        lines += [f"{f.name} : numpy.ndarray", f"    ``{shape}``: {f.doc}"]
     return "\n".join(lines)
 
 
-State = NamedTuple("State", [(f.name, np.ndarray) for f in STATE_FIELDS])
+class State(NamedTuple):
+    # The fields of STATE_FIELDS, in order, declared for readers and type checkers (checked
+    # below); the docstring is generated from STATE_FIELDS.
+    ref: np.ndarray
+    lru_prev: np.ndarray
+    lru_next: np.ndarray
+    free_stack: np.ndarray
+    block_hash: np.ndarray
+    block_salt: np.ndarray
+    block_flags: np.ndarray
+    tokens: np.ndarray
+    block_key: np.ndarray
+    htab: np.ndarray
+    seq_table: np.ndarray
+    seq_len: np.ndarray
+    seq_gen: np.ndarray
+    seq_salt: np.ndarray
+    seq_live: np.ndarray
+    seq_anchor: np.ndarray
+    slot_stack: np.ndarray
+    meta: np.ndarray
+    page_phys: np.ndarray
+    page_free: np.ndarray
+    page_used: np.ndarray
+    page_head: np.ndarray
+    bucket_prev: np.ndarray
+    bucket_next: np.ndarray
+    co_prev: np.ndarray
+    co_next: np.ndarray
+    vstack: np.ndarray
+    page_stamp: np.ndarray
+    block_next: np.ndarray
+    buckets: np.ndarray
+    pol_words: np.ndarray
+    pol_links: np.ndarray
+
+
 State.__doc__ = _state_doc()
+if State._fields != tuple(f.name for f in STATE_FIELDS):
+    raise ImportError("State's declared fields differ from STATE_FIELDS")
 
 
 class Geometry(NamedTuple):
@@ -470,7 +515,8 @@ def _arena(fields: tuple[Field, ...], dims: dict[str, int]) -> tuple[np.ndarray,
     start = (-raw.ctypes.data) % _ALIGN  # so that every field starts 64-byte aligned
     arena = raw[start : start + size]
     header = arena[:HEADER_BYTES].view(np.int64)
-    views, offset = {}, HEADER_BYTES
+    views: dict[str, np.ndarray] = {}
+    offset = HEADER_BYTES
     for i, f in enumerate(fields):
         shape = tuple(dims[d] for d in f.dims)
         itemsize = np.dtype(f.dtype).itemsize
@@ -644,4 +690,4 @@ def new_scratch(g: Geometry, rows: int, log_rows: int, payload: bool):
 
 #: Index of every state field in :data:`STATE_FIELDS`, by name (``FIELD.ref``, ...): the code
 #: of an undo-log entry that writes one element of that field.
-FIELD = NamedTuple("FieldIds", [(f.name, int) for f in STATE_FIELDS])(*range(len(STATE_FIELDS)))
+FIELD = _record("FieldIds", {f.name: i for i, f in enumerate(STATE_FIELDS)})

@@ -249,7 +249,7 @@ class PageSide:
         """``(stamp, page)`` of the first ``limit`` cache-only pages, oldest stamp first (a
         walk of at most ``limit``)."""
         s = self.arenas.s
-        out = []
+        out: list[tuple[int, int]] = []
         v = int(s.meta[M_CO_HEAD])
         while v != NIL and len(out) < limit:
             out.append((int(s.page_stamp[v]), v))

@@ -240,14 +240,15 @@ def _block_in_use(f: Failure) -> Exception:
 
 def _token_mismatch(f: Failure) -> Exception:
     ids, counts, lengths = f.inputs.get("ids"), f.inputs.get("counts"), f.inputs.get("lengths")
-    if counts is not None and counts.shape != ids.shape:
+    if counts is not None and ids is not None and counts.shape != ids.shape:
         return ValueError(f"counts has {counts.shape[0]} entries for {ids.shape[0]} ids")
     if lengths is not None:
         return ValueError(
             f"tokens has {f.inputs['tokens'].shape[0]} entries but lengths sum to "
             f"{sum(int(x) for x in lengths)}"
         )
-    return ValueError(f"tokens does not hold one id per appended token ({int(counts.sum())})")
+    total = "" if counts is None else f" ({int(counts.sum())})"
+    return ValueError(f"tokens does not hold one id per appended token{total}")
 
 
 def _too_long(f: Failure) -> Exception:

@@ -152,7 +152,8 @@ def compiled(name: str, policy: bool = False):
     """
     dispatcher = getattr(entry, name)
     ensure_fresh_cache()
-    if config.DISABLE_JIT:  # kernels are plain Python functions (coverage runs)
+    # numba.config sets its options at run time, out of a type checker's sight.
+    if config.DISABLE_JIT:  # type: ignore[attr-defined]  # plain Python kernels (coverage)
         return dispatcher
     if policy:
         compile_twins(VIEWS_POLICY_PAGED if name in WITH_PAGES else VIEWS_POLICY)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -162,7 +163,7 @@ class BlockManager:
         _hash_bits: int = 64,
         _hindsight: bool = False,
     ):
-        switches = {"prefix_caching": prefix_caching, "block_keys": block_keys}
+        switches: dict[str, Any] = {"prefix_caching": prefix_caching, "block_keys": block_keys}
         switches["block_events"] = block_events
         switches["eviction"] = policy_code(eviction, hindsight=_hindsight)
         priority = resolve_priority(eviction) if switches["eviction"] == PRIORITY_CODE else None
@@ -510,7 +511,7 @@ class BlockManager:
 
     def admit_one(
         self, tokens=None, *, length=None, salt=0, keys=None, max_hit_blocks=None
-    ) -> tuple[int, int]:
+    ) -> tuple[int | tuple[int, ...], int]:
         """Admit one prompt (atomic) by its ``tokens``, or by ``length`` and engine ``keys``
         (``block_keys=True``), reusing its longest cached prefix (at most ``max_hit_blocks``);
         returns ``(seq_id, num_cached_tokens)``. Raises as ``admit``, changing nothing.

@@ -112,10 +112,10 @@ class _Holding:
 
     def __init__(self, pool: PagePool):
         self._pool = pool
-        self._lock = None
+        self._lock: FileLock | None = None
 
     def __enter__(self) -> None:
-        lock = self._lock = FileLock.of(self._pool._name)
+        lock = self._lock = FileLock.of(self._pool._shared_name())
         lock.__enter__()
         if lock.depth == 1:
             head = self._pool._head
@@ -126,6 +126,7 @@ class _Holding:
 
     def __exit__(self, *exc) -> None:
         lock = self._lock
+        assert lock is not None  # entered before
         head = self._pool._head
         if lock.depth == 1 and head is not None:
             head[K.H_HOLDER] = 0
@@ -165,6 +166,9 @@ class PagePool:
     >>> pool.num_free
     2
     """
+
+    _name: str | None  # None for a private pool
+    _holding: _Holding | None  # a shared pool's lock
 
     def __init__(
         self,
@@ -332,8 +336,13 @@ class PagePool:
 
     # --- locking --------------------------------------------------------------------------------
 
+    def _shared_name(self) -> str:
+        # Only a shared pool has a name, a segment and a lock file.
+        assert self._name is not None, "a private page pool has no name"
+        return self._name
+
     def _locked_file(self) -> FileLock:
-        return FileLock.of(self._name)
+        return FileLock.of(self._shared_name())
 
     def lock(self) -> contextlib.AbstractContextManager:
         """Hold the pool's cross-process lock (re-entrant within a process; no-op if private).
@@ -349,6 +358,7 @@ class PagePool:
             raise ValueError("the page pool is closed")
         if self._shm is None:
             return _NO_LOCK  # one process, one thread at a time: nothing to serialise
+        assert self._holding is not None  # made with the segment
         return self._holding
 
     def _repair_if_torn(self) -> None:
@@ -798,8 +808,8 @@ class PagePool:
         with contextlib.suppress(FileNotFoundError):
             self._shm.unlink()
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock_path(self._name))
-        FileLock.forget(self._name)
+            os.unlink(lock_path(self._shared_name()))
+        FileLock.forget(self._shared_name())
 
     def __enter__(self) -> PagePool:
         return self

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dis
 import importlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit, types
@@ -172,7 +172,7 @@ class PriorityPolicy:
         self.hindsight = bool(hindsight)
         self.priority = priority if isinstance(priority, CPUDispatcher) else njit(priority)
         self._address: int | None = None
-        self._callback = None
+        self._callback: Any = None
         self._reads: frozenset[str] | None = None
 
     def __repr__(self) -> str:
@@ -244,7 +244,7 @@ class PriorityPolicy:
             Python registry the kernels, then run as Python, look the function up in.
         """
         if self._address is None:
-            if config.DISABLE_JIT:
+            if config.DISABLE_JIT:  # type: ignore[attr-defined]  # set at run time
                 self._address = _register_python(self)
             else:
                 self._callback = _compile_callback(self.priority)

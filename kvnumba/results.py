@@ -65,7 +65,13 @@ class LookupResult(NamedTuple):
     block_ids: np.ndarray
 
 
-class BlockEvents(NamedTuple):
+class _BlockEventFields(NamedTuple):
+    kind: np.ndarray
+    block: np.ndarray
+    key: np.ndarray
+
+
+class BlockEvents(_BlockEventFields):
     """Block events drained by ``BlockManager.take_events``, in the order they happened.
 
     Attributes
@@ -79,9 +85,7 @@ class BlockEvents(NamedTuple):
         Its engine key (``block_keys``), or its chained hash and three zero words.
     """
 
-    kind: np.ndarray
-    block: np.ndarray
-    key: np.ndarray
+    __slots__ = ()
 
     STORED = 1
     REMOVED = 2

@@ -65,6 +65,7 @@ class Sequence:
         if tokens is None:
             if isinstance(count, bool):  # True is an int to operator.index, not a count
                 raise TypeError("count must be an integer, not a bool")
+            assert count is not None
             return self._manager.append([self._id], [operator.index(count)])
         tokens = index_array(tokens, "tokens")
         return self._manager.append([self._id], [tokens.shape[0]], tokens)
