@@ -13,6 +13,8 @@ import argparse
 import functools
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from kvnumba.bench import one_request, runner, workloads
 from kvnumba.eviction import EVICTION_POLICIES, is_valid_policy
@@ -96,7 +98,7 @@ def _select(names: list[str] | None, available: dict) -> list[str]:
 def _row(wl: workloads.Workload, fast: runner.RunResult, ref: runner.RunResult) -> dict:
     """One workload's comparison, JSON-ready."""
     fc, rc = fast.counters, ref.counters
-    row = {
+    row: dict[str, Any] = {
         "workload": wl.name,
         "steps": wl.num_steps,
         "num_blocks": wl.num_blocks,
@@ -107,6 +109,7 @@ def _row(wl: workloads.Workload, fast: runner.RunResult, ref: runner.RunResult) 
     }
     if wl.name.startswith("micro-"):
         for side, res in (("kvnumba", fast), ("reference", ref)):
+            assert res.counters is not None  # a replay's result has its counters
             blocks = max(res.counters.allocations, 1)  # k per step: every block is allocated
             row[side]["alloc_ns_per_block"] = res.kind_median_ns("prefill") / blocks
             row[side]["free_ns_per_block"] = res.kind_median_ns("release") / blocks
@@ -272,15 +275,16 @@ def main(argv: list[str] | None = None) -> int:
         prepare(stream=sys.stderr, policy=args.eviction != "lru")
         if args.eviction == "lru" and OPT_IN & set(names):
             prepare(stream=sys.stderr, policy=True)
+    ref_cls: Callable[..., ReferenceBlockManager] = ReferenceBlockManager
     if args.eviction != "lru":
         fast_cls = functools.partial(fast_cls, eviction=args.eviction)
-        ReferenceBlockManager = functools.partial(ReferenceBlockManager, eviction=args.eviction)
+        ref_cls = functools.partial(ReferenceBlockManager, eviction=args.eviction)
     rows = {}
     for name in names:
         wl = available[name]()
         print(f"running {name} ({wl.num_steps} steps) ...", file=sys.stderr, flush=True)
         fast = runner.run(wl, fast_cls, repeat=repeat, impl=args.impl)
-        ref = runner.run(wl, ReferenceBlockManager, repeat=repeat, impl="reference")
+        ref = runner.run(wl, ref_cls, repeat=repeat, impl="reference")
         rows[name] = _row(wl, fast, ref)
     engine_doc = None
     if engine:

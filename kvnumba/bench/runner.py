@@ -132,7 +132,9 @@ def replay(workload: Workload, manager_cls, *, check: bool = False):
         What the replay did.
     """
     wl = workload
-    window = {} if wl.sliding_window is None else {"sliding_window": wl.sliding_window}
+    window: dict[str, object] = {}
+    if wl.sliding_window is not None:
+        window["sliding_window"] = wl.sliding_window
     groups = len(wl.kv_cache_groups) or 1
     if wl.kv_cache_groups:
         window["kv_cache_groups"] = [

@@ -18,6 +18,7 @@ replay maps them onto the ids a manager hands out.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -389,7 +390,8 @@ def churn(steps: int = 5000, *, num_blocks: int = 4096) -> Workload:
     for _ in range(steps):
         b.step()
         used = int(((length + bs - 1) // bs).sum())
-        new, prompts, outs = [], [], []
+        new: list[int] = []
+        prompts, outs = [], []
         while True:
             if pending is None:
                 pending = (int(rng.integers(256, 4097)), int(rng.integers(16, 257)))
@@ -476,5 +478,5 @@ def standard(quick: bool = False) -> dict[str, Callable[[], Workload]]:
         "churn": lambda: churn(q["churn"]),
     }
     for k in MICRO_KS:
-        out[f"micro-{k}"] = lambda k=k: micro(k, q["micro"])
+        out[f"micro-{k}"] = functools.partial(micro, k, q["micro"])
     return out

@@ -36,7 +36,7 @@ from pathlib import Path
 try:  # POSIX only; elsewhere compiles are not coordinated between processes (still correct)
     import fcntl
 except ImportError:  # pragma: no cover - non-POSIX platforms
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("kvnumba")
 

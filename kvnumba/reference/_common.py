@@ -79,7 +79,7 @@ def _as_int_array(values, name: str) -> np.ndarray:
 def _exhausted(needed: int, available: int, shortfall: int) -> PoolExhausted:
     """``PoolExhausted(needed, available)`` that also carries the blocks the call lacked."""
     error = PoolExhausted(needed, available)
-    error.shortfall = shortfall
+    error.shortfall = shortfall  # type: ignore[attr-defined]  # the model's own note
     return error
 
 

@@ -9,10 +9,11 @@ hears of every block entering and leaving ``_lru`` through :meth:`BlocksMixin._c
 
 from __future__ import annotations
 
+from kvnumba.reference._parts import ModelState
 from kvnumba.results import BlockEvents
 
 
-class BlocksMixin:
+class BlocksMixin(ModelState):
     """Block and LRU helpers of :class:`ReferenceBlockManager` (``_ref``, ``_tokens``, ``_key``,
     ``_hash``, ``_prefix``, ``_lru``, ``_policy``, ``_free``, ``_counters``, ``_evicted``)."""
 
@@ -36,6 +37,7 @@ class BlocksMixin:
         """Register ``block`` under its key unless the key is registered (with
         ``cache_duplicates``, after the blocks registered with it); whether it was."""
         key = self._key[block]
+        assert key is not None  # a block is keyed before it is registered
         if key not in self._prefix:
             self._prefix[key] = block
         elif self._cache_duplicates:
@@ -47,6 +49,7 @@ class BlocksMixin:
     def _unregister(self, block: int) -> None:
         """Take registered ``block`` out of the prefix table; the oldest twin takes its place."""
         key = self._key[block]
+        assert key is not None  # registered, so keyed
         twins = self._twins.pop(key, ())
         if self._prefix[key] == block:
             if twins:

@@ -20,12 +20,13 @@ from kvnumba.reference._common import (
     _blocks_for,
     _exhausted,
 )
+from kvnumba.reference._parts import ModelState
 from kvnumba.reference.keys import _Prompt
 from kvnumba.results import AdmitResult, AppendResult
 from kvnumba.windows import NULL_BLOCK, first_needed_block
 
 
-class CallsMixin:
+class CallsMixin(ModelState):
     """Append/admit and call bookkeeping of :class:`ReferenceBlockManager` (the whole state,
     through the other mixins; ``_evicted``, ``_unmapped_log``, ``_mapped_log``,
     ``_failed_calls``, ``_on_evict``)."""
@@ -184,7 +185,7 @@ class CallsMixin:
     def _restore(self, snap: dict) -> None:
         for name, value in snap.items():
             if name == "pool":
-                self._pool._restore(value)
+                self._the_pool()._restore(value)
             elif name in _PAGE_STATE:
                 setattr(self, name, copy.deepcopy(value))  # the snapshot stays reusable
             else:
@@ -198,7 +199,8 @@ class CallsMixin:
         try:
             result = attempt()
         except PoolExhausted as first:
-            reclaimed = self._ask_siblings(first.shortfall) if atomic else None
+            shortfall = first.shortfall  # type: ignore[attr-defined]  # set by _exhausted
+            reclaimed = self._ask_siblings(shortfall) if atomic else None
             if reclaimed is None:
                 self._failed_calls += 1
                 raise

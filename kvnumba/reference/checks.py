@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from kvnumba.errors import InvariantViolation
 from kvnumba.reference._common import ROOT_HASH, _blocks_for, _hash64
+from kvnumba.reference._parts import ModelState
 from kvnumba.windows import NULL_BLOCK, first_needed_block
 
 
-class ChecksMixin:
+class ChecksMixin(ModelState):
     """``check()`` of :class:`ReferenceBlockManager` (reads the whole state, writes nothing)."""
 
     def check(self) -> None:
@@ -54,7 +55,7 @@ class ChecksMixin:
                 refs[block] += 1
                 key = self._key[block]
                 if j == 0:
-                    prev = ROOT_HASH
+                    prev: int | None = ROOT_HASH
                 elif table[j - 1] == NULL_BLOCK:  # across the gap: the anchor
                     prev = self._anchor[slot]
                 else:

@@ -7,11 +7,12 @@ policy is the one of ``docs/design.md``, "Shrinking and engine conveniences".
 from __future__ import annotations
 
 from kvnumba.reference._common import _as_int_array, _blocks_for
+from kvnumba.reference._parts import ModelState
 from kvnumba.results import BlockEvents
 from kvnumba.windows import NULL_BLOCK, first_needed_block
 
 
-class EngineMixin:
+class EngineMixin(ModelState):
     """``truncate``, ``evict`` and ``reset_prefix_cache`` of :class:`ReferenceBlockManager`
     (through the block, prefix and page helpers of the other mixins; ``_trimmed``, ``_unknown``)."""
 

@@ -29,7 +29,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from itertools import pairwise
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
 
 #: Parent of a block with no parent in the prefix forest.
 ROOT = -1
@@ -45,6 +45,9 @@ def _successor(lru, block: int) -> int | None:
     order = list(lru)
     i = order.index(block) + 1
     return order[i] if i < len(order) else None
+
+
+P = TypeVar("P", bound="LruPolicy")
 
 
 @dataclass(kw_only=True)
@@ -70,7 +73,7 @@ class LruPolicy:
     release_len: int = field(default=0, repr=False, compare=False)
 
     @classmethod
-    def new(cls, num_blocks: int) -> LruPolicy:
+    def new(cls: type[P], num_blocks: int) -> P:
         """The policy's state for a fresh pool of ``num_blocks`` blocks."""
         return cls(**cls._fresh(num_blocks))
 
@@ -79,7 +82,7 @@ class LruPolicy:
         """The initial values of the per-block fields (the others have defaults)."""
         return {"stamp": [-1] * num_blocks}
 
-    def copy(self) -> LruPolicy:
+    def copy(self: P) -> P:
         """A copy sharing no mutable container with this state (a rollback snapshot)."""
         clone = copy.copy(self)
         for f in fields(self):
@@ -227,6 +230,9 @@ class SievePolicy(HitCounting):
             fail("sieve: a negative hit count")
 
 
+L = TypeVar("L", bound="LeafLruPolicy")
+
+
 @dataclass(kw_only=True)
 class LeafLruPolicy(LruPolicy):
     """``leaf-lru``: evict the leaf of the cached prefix forest with the smallest
@@ -268,7 +274,7 @@ class LeafLruPolicy(LruPolicy):
             "kids": [[] for _ in range(num_blocks)],
         }
 
-    def copy(self) -> LeafLruPolicy:
+    def copy(self: L) -> L:
         clone = super().copy()
         clone.kids = [list(k) for k in self.kids]
         return clone
@@ -411,8 +417,9 @@ class PriorityRulePolicy(LeafLruPolicy):
         The largest key of an allocation's victim so far (0 before the first).
     """
 
-    name: str = ""
-    rule: object = field(default=None, repr=False, compare=False)
+    # Per instance here (the policy is the user's), per class for the built-in policies.
+    name: str = ""  # type: ignore[misc]
+    rule: Any = field(default=None, repr=False, compare=False)
     hits: list[int] = field(repr=False)
     hint: list[int] = field(repr=False)
     tag: list[int] = field(repr=False)

@@ -30,6 +30,7 @@ import numpy as np
 from kvnumba.errors import SequenceTooLong
 from kvnumba.inputs import hit_caps, key_rows
 from kvnumba.reference._common import _as_int_array
+from kvnumba.reference._parts import ModelState
 from kvnumba.reference.eviction import ROOT
 from kvnumba.results import BlockEvents, LookupResult
 from kvnumba.windows import NULL_BLOCK, group_hit, window_hit
@@ -45,7 +46,7 @@ class _Prompt(NamedTuple):
     cap: int | None  # max_hit_blocks, None for no cap
 
 
-class KeysMixin:
+class KeysMixin(ModelState):
     """Engine keys and block events of :class:`ReferenceBlockManager` (``_key``, ``_hash``,
     ``_prefix``, ``_unknown``, ``_events``, ``_block_keys``, ``_block_events``)."""
 
@@ -56,7 +57,9 @@ class KeysMixin:
         if not self._block_events:
             return
         if self._block_keys:
-            words = self._key[block][1:]
+            key = self._key[block]
+            assert key is not None  # events are recorded while the block is keyed
+            words = key[1:]
         else:
             words = (self._hash[block], 0, 0, 0)
         self._events.append((kind, block, words))
@@ -195,7 +198,8 @@ class KeysMixin:
                     break
                 hits.append(block)
             return [(hits, None)]
-        rows, chains = [], []
+        rows: list = []
+        chains: list = []
         for q in prompts:
             if self._block_keys:
                 rows.append([self._key_hit(q, j) for j in range(limit)])
@@ -356,7 +360,7 @@ class KeysMixin:
         slots = self._resolve_all(ids, unique=True)
         bs = self._block_size
         planned: dict[int, tuple] = {}  # block -> the key this call gives it
-        work: list[tuple[int, tuple, int]] = []  # (block, key, the block before it)
+        work: list[tuple[int, tuple, int, int]] = []  # (block, key, the block before, position)
         r = 0
         for i, (slot, start, count) in enumerate(
             zip(slots, starts.tolist(), counts.tolist(), strict=True)

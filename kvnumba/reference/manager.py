@@ -251,7 +251,7 @@ class ReferenceBlockManager(
 
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self._failed_calls = 0  # outside the state: never rolled back
-        self._evicted: list[tuple[int, int, list[int]]] = []  # evictions of the current call
+        self._evicted: list[tuple[int, int | None, list[int]]] = []  # evictions of the current call
         self._unmapped_log: list[tuple[int, int]] = []  # (physical, virtual) of this call
         self._mapped_log: list[tuple[int, int]] = []
         if page_pool is not None:
@@ -403,8 +403,8 @@ class ReferenceBlockManager(
             raise ValueError(f"count must be >= 0, got {count}")
         groups = len(self._groups)
         self._check_slots_free(count * groups)
-        ids = [self._seq_id(self._take_slot(i % groups)) for i in range(count * groups)]
-        ids = np.array(ids, dtype=np.int64)
+        taken = [self._seq_id(self._take_slot(i % groups)) for i in range(count * groups)]
+        ids = np.array(taken, dtype=np.int64)
         return ids if groups == 1 else ids.reshape(count, groups)
 
     def fork(self, ids, n: int = 1) -> np.ndarray:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvnumba.reference._parts import ModelState
 
-class OneRequestMixin:
+
+class OneRequestMixin(ModelState):
     """``append_one``, ``admit_one``, ``lookup_one`` and ``table_row`` of the model."""
 
     def append_one(self, seq_id, count, *, key_start=0, keys=None) -> tuple[int, int, int, int]:

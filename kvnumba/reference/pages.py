@@ -8,17 +8,28 @@ introspection and the page part of ``check()``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from kvnumba.reference._common import _as_int
+from kvnumba.reference._parts import ModelState
+
+if TYPE_CHECKING:
+    from kvnumba.reference.manager import ReferenceBlockManager
+    from kvnumba.reference.pool import ReferencePagePool
 
 
-class PagesMixin:
+class PagesMixin(ModelState):
     """Virtual-page helpers of :class:`ReferenceBlockManager` (``_pool``, ``_k``, ``_unmapped``,
     ``_phys``, ``_page_free``, ``_buckets``, ``_cache_only``, ``_mapped_log``, ``_unmapped_log``)."""
 
     # ------------------------------------------------------------------ page helpers
+
+    def _the_pool(self) -> ReferencePagePool:
+        """The page pool (only a manager on one calls the page helpers)."""
+        assert self._pool is not None, "not on a page pool"
+        return self._pool
 
     def _page_blocks(self, v: int) -> range:
         return range(v * self._k, (v + 1) * self._k)
@@ -49,7 +60,8 @@ class PagesMixin:
         The caller checked that the pool has a free page and an unmapped page is left.
         """
         v = self._unmapped.pop()
-        physical = self._pool._take(self, v)
+        # The pool records the manager, which every part is a part of.
+        physical = self._the_pool()._take(cast("ReferenceBlockManager", self), v)
         self._phys[v] = physical
         self._page_free[v] = list(reversed(self._page_blocks(v)))
         self._mapped_log.append((physical, v))
@@ -58,7 +70,7 @@ class PagesMixin:
     def _unmap_page(self, v: int) -> None:
         """Give page ``v`` (all blocks free, in no bucket) back: physical page, then virtual."""
         physical = self._phys[v]
-        self._pool._give(physical)
+        self._the_pool()._give(physical)
         self._phys[v] = -1
         self._page_free[v] = []
         self._unmapped.append(v)
@@ -79,7 +91,7 @@ class PagesMixin:
                 self._enter_bucket(v)  # front of bucket c - 1 (none when that is 0)
                 break
         else:
-            if self._pool.num_free and self._unmapped:
+            if self._the_pool().num_free and self._unmapped:
                 v = self._map_page()
                 block = self._page_free[v].pop()
                 self._enter_bucket(v)  # bucket k - 1 (none when k == 1)
@@ -106,7 +118,7 @@ class PagesMixin:
                 return
             self._enter_bucket(v)
         if self._page_used(v) == 0:  # cached blocks but no referenced one left
-            self._cache_only[v] = self._pool.tick()
+            self._cache_only[v] = self._the_pool().tick()
 
     def _give_up_pages(self, count: int) -> int:
         """Trim the first ``count`` pages of the cache-only list (head first); return count.
@@ -124,7 +136,7 @@ class PagesMixin:
         return count
 
     def _cache_only_pages_of_siblings(self) -> int:
-        return sum(len(m._cache_only) for m in self._pool._managers if m is not self)
+        return sum(len(m._cache_only) for m in self._the_pool()._managers if m is not self)
 
     def _ask_siblings(self, shortfall: int) -> list | None:
         """Sibling reclaim for an atomic call that failed with ``PoolExhausted``.
@@ -145,11 +157,11 @@ class PagesMixin:
         if self._pool is None:
             return None
         wanted = -(-shortfall // self._k)
-        if wanted < 1 or self._pool.num_free + wanted > len(self._unmapped):
+        if wanted < 1 or self._the_pool().num_free + wanted > len(self._unmapped):
             return None
         if self._cache_only_pages_of_siblings() < wanted:
             return None
-        siblings = [m for m in self._pool._managers if m is not self]
+        siblings = [m for m in self._the_pool()._managers if m is not self]
         chosen = [0] * len(siblings)  # a prefix of each sibling's cache-only list
         stamps = [list(m._cache_only.values()) for m in siblings]
         for _ in range(wanted):
@@ -210,7 +222,7 @@ class PagesMixin:
 
     def _check_pages(self, fail: Callable) -> None:
         """Page invariants (the blocks themselves were checked by :meth:`check`)."""
-        k, pool = self._k, self._pool
+        k, pool = self._k, self._the_pool()
         num_pages = len(self._phys)
         if len(set(self._unmapped)) != len(self._unmapped):
             fail("a virtual page is on the unmapped stack twice")

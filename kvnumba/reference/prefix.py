@@ -10,12 +10,13 @@ windowed sequence the parent of the first block after the gap (the entry before 
 from __future__ import annotations
 
 from kvnumba.reference._common import ROOT_HASH, _hash64
+from kvnumba.reference._parts import ModelState
 from kvnumba.reference.eviction import ORPHAN_AT_BIRTH, ROOT
 from kvnumba.results import BlockEvents
 from kvnumba.windows import NULL_BLOCK
 
 
-class PrefixMixin:
+class PrefixMixin(ModelState):
     """Prefix-table helpers of :class:`ReferenceBlockManager` (``_prefix``, ``_key``, ``_hash``,
     ``_tokens``, ``_table``, ``_salt``, ``_anchor``, ``_prefix_caching``)."""
 
@@ -63,7 +64,8 @@ class PrefixMixin:
             return ROOT
         if self._is_registered(table[index - 1]):
             return table[index - 1]
-        return self._prefix.get(self._key[table[index - 1]], ORPHAN_AT_BIRTH)
+        key = self._key[table[index - 1]]
+        return ORPHAN_AT_BIRTH if key is None else self._prefix.get(key, ORPHAN_AT_BIRTH)
 
     def _lookup_prefix(self, prompt: list[int], salt: int) -> list[int]:
         """Registered blocks matching the prompt's leading full blocks (at most ``(L-1)//bs``),
@@ -72,7 +74,7 @@ class PrefixMixin:
             return []
         bs = self._block_size
         hits: list[int] = []
-        prev = ROOT_HASH
+        prev: int | None = ROOT_HASH
         for j in range((len(prompt) - 1) // bs):
             block = self._prefix.get((prev, salt, tuple(prompt[j * bs : (j + 1) * bs])))
             if block is None:

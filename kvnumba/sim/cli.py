@@ -143,13 +143,9 @@ def add_cost_options(p: argparse.ArgumentParser, parse: bool = True) -> None:
     ]
     for flag, metavar, kind, default, text in options:
         shown = "none" if default is None else f"{default:g}"
-        group.add_argument(
-            flag,
-            type=kind if parse else None,
-            default=default if parse else None,
-            metavar=metavar,
-            help=f"{text} (default: {shown})",
-        )
+        # Without parsing (a sweep's flags), the raw text is kept and no default is filled in.
+        parsing = {"type": kind, "default": default} if parse else {"default": None}
+        group.add_argument(flag, metavar=metavar, help=f"{text} (default: {shown})", **parsing)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -440,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def interrupted(exc: BaseException) -> bool:
+def interrupted(exc: BaseException | None) -> bool:
     """Whether an exception is Ctrl-C, possibly wrapped by the code it interrupted.
 
     A SIGINT that arrives while a numba kernel is calling back into Python raises

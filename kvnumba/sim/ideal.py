@@ -110,9 +110,11 @@ def block_keys(requests: Sequence[Request], block_size: int) -> BlockKeys | None
     nodes: dict[tuple[int, int], int] = {}
     keys, owner, pos = [], [], []
     for r in requests:
-        chain = np.empty(len(r.hash_ids), np.int64)
+        hash_ids = r.hash_ids
+        assert hash_ids is not None  # tested above
+        chain = np.empty(len(hash_ids), np.int64)
         parent = -1
-        for j, h in enumerate(r.hash_ids.tolist()):
+        for j, h in enumerate(hash_ids.tolist()):
             parent = nodes.setdefault((parent, h), len(nodes))
             chain[j] = parent
         i = np.arange(r.prompt_len // block_size, dtype=np.int64)

@@ -428,8 +428,8 @@ def plot_sweep(rows: Sequence[dict], path: str | Path | None = None):
             c
             for c in SERIES_COLUMNS
             # A sweep of one policy other than LRU still says which one it ran.
-            if len(values := {_column(r, c) for r in mine}) > 1
-            or (c == "eviction" and values != {"lru"})
+            if len(seen := {_column(r, c) for r in mine}) > 1
+            or (c == "eviction" and seen != {"lru"})
         ]
         series: dict[tuple, list[dict]] = {}
         for r in mine:

@@ -318,7 +318,14 @@ class SimResult:
         kvnumba.sim.cost.Latency or None
             ``None`` for a result without the per-step records.
         """
-        if self.prefill_computed is None or self.decoded is None or self.arrival_ms is None:
+        if (
+            self.prefill_computed is None
+            or self.decoded is None
+            or self.arrival_ms is None
+            or self.output_len is None  # the per-request records come with the per-step ones
+            or self.first_admit_index is None
+            or self.finish_index is None
+        ):
             return None
         return model_latency(
             self.cost if cost is None else cost,
@@ -500,12 +507,11 @@ class Simulator:
                     f"{getattr(cfg, name)!r}"
                 )
         self.progress = progress
-        self._hints = Hints(self.keys) if hindsight else None
+        self._hints = Hints(self.keys) if hindsight and self.keys is not None else None
         # Under a window a cached block whose parent is gone can still be hit: no census.
-        countable = (
-            self.keys is not None and not cfg.windowed and block_census(self.manager) is not None
-        )
-        self._census = Census(self.keys, cfg.blocks) if countable else None
+        keys = self.keys
+        countable = not cfg.windowed and block_census(self.manager) is not None
+        self._census = Census(keys, cfg.blocks) if keys is not None and countable else None
 
     def run(self) -> SimResult:
         """Replay the whole trace until every request is served or rejected.
@@ -551,7 +557,8 @@ class Simulator:
         r_len = np.zeros(0, np.int64)
         r_left = np.zeros(0, np.int64)
 
-        steps, used, cached, running, waiting, alloc = [], [], [], [], [], []
+        steps: list[int] = []
+        used, cached, running, waiting, alloc = [], [], [], [], []
         computed, decoded = [], []  # per step: prompt tokens computed, tokens decoded
         admitted_tokens = cached_tokens = first_tokens = first_cached = cow = 0
         # Waiting prompts that cannot fit yet are not offered (kvnumba.sim.offers).

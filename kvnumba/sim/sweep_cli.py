@@ -252,9 +252,9 @@ def read_grid_file(path: Path) -> dict:
     UsageError
         Unreadable, not TOML, or an unknown key.
     """
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ImportError:  # Python 3.10: the same parser, from PyPI
+    else:  # Python 3.10: the same parser, from PyPI
         import tomli as tomllib
     try:
         with path.open("rb") as fh:

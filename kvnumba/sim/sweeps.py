@@ -388,14 +388,14 @@ def make_grid(
         if not check(value):
             raise GridError(f"{name} must be an integer >= 1, got {value!r}")
         scalars[name] = _plain(value)
-    for name, value in (
+    for name, number in (
         ("prefill_us_per_token", prefill_us_per_token),
         ("decode_us_per_token", decode_us_per_token),
         ("step_overhead_us", step_overhead_us),
     ):
-        if not (_is_real(value) and math.isfinite(value) and value >= 0):
-            raise GridError(f"{name} must be a finite number >= 0, got {value!r}")
-        scalars[name] = float(value)
+        if not (_is_real(number) and math.isfinite(number) and number >= 0):
+            raise GridError(f"{name} must be a finite number >= 0, got {number!r}")
+        scalars[name] = float(number)
     if not _optional(_positive_int)(prefill_tokens_per_step):
         raise GridError(
             f"prefill_tokens_per_step must be an integer >= 1 or None, got "

@@ -19,7 +19,7 @@ hash lookahead        0.33: blocks may be hashed over tokens past their end
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import vllm
 from vllm.v1.core import kv_cache_utils
@@ -55,7 +55,7 @@ def _nearest(release: str) -> Release:
 RELEASE: Release = _nearest(release_of(vllm.__version__))
 
 # None where the release has no hash lookahead (block_stored never calls it there).
-lookahead_extra_keys = (
+lookahead_extra_keys: Any = (
     kv_cache_utils.generate_lookahead_block_hash_extra_keys if RELEASE.hash_lookahead else None
 )
 

@@ -10,6 +10,8 @@ the request at hand; consecutive table positions become one ``BlockStored``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from vllm.distributed.kv_events import MEDIUM_GPU, BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_utils import (
     generate_block_hash_extra_keys,
@@ -32,7 +34,7 @@ def block_stored(
     kind: str,
     lookahead: int = 0,
     group: int = 0,
-    positions: list[int] | None = None,
+    positions: Sequence[int] | None = None,
 ) -> BlockStored:
     """``BlockStored`` for table positions ``first .. stop - 1`` of ``request`` in one group.
 
@@ -62,7 +64,7 @@ def block_stored(
     """
     hashes = request.block_hashes
     extra, mm_idx = [], 0
-    ahead: list[list[int]] | None = [] if lookahead else None
+    ahead: list[list[int]] = []  # the tokens each hash looks ahead at (only with lookahead)
     tokens = request.all_token_ids
     if positions is None:
         positions = range(first, stop)
@@ -89,7 +91,7 @@ def block_stored(
         group_idx=group,
         kv_cache_spec_kind=kind,
         session_id=request.session_id,
-        **_compat.stored_event_fields(ahead),
+        **_compat.stored_event_fields(ahead if lookahead else None),
     )
 
 

@@ -6,6 +6,8 @@ makes outside a request's allocation), kept apart from the allocation path.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from vllm.distributed.kv_events import AllBlocksCleared, BlockStored
 from vllm.logger import init_logger
@@ -19,7 +21,32 @@ logger = init_logger(__name__)
 
 
 class CacheMaintenance:
-    """Stats, events, reset, eviction and the consistency check of the adapter."""
+    """Stats, events, reset, eviction and the consistency check of the adapter.
+
+    The state it reads, set by the adapter that inherits it (``KVNumbaKVCacheManager`` or
+    ``KVNumbaGroupsKVCacheManager``), is declared below.
+    """
+
+    kvnumba: kvnumba.BlockManager
+    block_size: int
+    enable_caching: bool
+    log_stats: bool
+    prefix_cache_stats: PrefixCacheStats | None
+    kv_cache_event_metadata: tuple
+    hash_width: int
+    held: dict
+    deferred: Any  # one request's blocks by id, or a list for the groups adapter
+    pending_events: list
+    _events_on: bool
+    _hash_lookahead: int
+    _table: np.ndarray  # kvnumba's block tables (State.seq_table)
+    _ref: np.ndarray  # its reference counts
+    _meta: np.ndarray  # its counters
+    _blocks: list  # vLLM's KVCacheBlock objects, by block id
+
+    def flush_keys(self) -> None:
+        """Register the keys of the blocks filled since the last call (the adapter's own)."""
+        raise NotImplementedError
 
     def _drain(self, request, held) -> None:
         """Translate the events kvnumba recorded in the call just made for ``request``."""
@@ -60,6 +87,7 @@ class CacheMaintenance:
         """Count one admitted request's lookup: its tokens as queries, ``num_hits`` as hits."""
         if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
             return
+        assert self.prefix_cache_stats is not None  # made with log_stats
         self.prefix_cache_stats.record(
             num_tokens=request.num_tokens,
             num_hits=num_hits,
@@ -87,7 +115,7 @@ class CacheMaintenance:
             # vLLM reports one AllBlocksCleared, not a removal per block.
             self.kvnumba.take_events()
             self.pending_events.append(AllBlocksCleared())
-        if self.log_stats:
+        if self.prefix_cache_stats is not None:  # log_stats
             self.prefix_cache_stats.reset = True
         return True
 

@@ -558,7 +558,9 @@ class KVNumbaGroupsKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             # once): one round unless a sparse group keeps two separate windows.
             todo = list(runs)
             while todo:
-                now, seen, later = [], set(), []
+                now: list = []
+                later: list = []
+                seen = set()
                 for run in todo:
                     (later if run[0] in seen else now).append(run)
                     seen.add(run[0])

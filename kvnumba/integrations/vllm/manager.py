@@ -14,6 +14,7 @@ hits, and the keys of the blocks that become full and final are registered with 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 from vllm.logger import init_logger
@@ -251,7 +252,7 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
         self._last_hits: tuple[str, np.ndarray] | None = None
         # Keys of running requests' newly full blocks, registered in one call (flush_keys),
         # and their digests, which a lookup checks its first miss against.
-        self._pending: dict[int, tuple[_Held, object, int]] = {}
+        self._pending: dict[int, tuple[_Held, Any, int]] = {}  # (held, request, full)
         self._pending_digests: set[bytes] = set()
         # One-request argument arrays for set_keys, reused: kvnumba passes int64 arrays through.
         self._key_args = np.zeros((2, 1), dtype=np.int64)  # starts, counts

@@ -16,6 +16,7 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import vllm.v1.core.kv_cache_manager as _kv_cache_manager_module
 import vllm.v1.core.sched.scheduler as _scheduler_module
@@ -34,7 +35,7 @@ from kvnumba.integrations.vllm.support import (
 
 logger = init_logger(__name__)
 
-_VLLM_KV_CACHE_MANAGER = KVCacheManager
+_VLLM_KV_CACHE_MANAGER: Any = KVCacheManager
 
 
 class _Switch(threading.local):

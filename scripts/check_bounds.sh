@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Prove one corner of the versions pyproject.toml allows: a new venv (outside the checkout) with
+# the given Python, numba and numpy, kvnumba installed from this checkout, then the README's quick
+# start and the plain test suite (the kernels' semantics, input validation, the stateful machine
+# against the reference model, the one-request calls and the eviction policies) run there.
+#
+#   bash scripts/check_bounds.sh PYTHON_VERSION NUMBA_VERSION NUMPY_VERSION
+#   bash scripts/check_bounds.sh 3.10 0.60.0 1.24.4     # the oldest CI proves
+#
+# PYTHON_VERSION picks a pyenv interpreter (PYENV_ROOT, default ~/.pyenv) or a python3.X on PATH.
+# Each corner keeps its own numba cache in the checkout (.numba_cache_bounds_*).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+pyver=$1 numba=$2 numpy=$3
+
+python=""
+for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$pyver".*/bin/python "$(command -v "python$pyver" || true)"; do
+    if [[ -x $candidate ]]; then
+        python=$candidate
+        break
+    fi
+done
+if [[ -z $python ]]; then
+    echo "check_bounds: no Python $pyver found (pyenv or python$pyver on PATH)" >&2
+    exit 1
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$python" -m venv "$work/venv"
+venv_python=$work/venv/bin/python
+"$venv_python" -m pip install -q "numba==$numba" "numpy==$numpy" "pytest>=8" "hypothesis>=6.100"
+"$venv_python" -m pip install -q --no-deps -e "$root"
+"$venv_python" -c 'import sys, numba, numpy; print(f"Python {sys.version.split()[0]}, numba {numba.__version__}, numpy {numpy.__version__}")'
+
+export NUMBA_CACHE_DIR="$root/.numba_cache_bounds_py${pyver}_numba${numba}_numpy${numpy}"
+python3 - "$root/README.md" >"$work/quickstart.py" <<'EOF'
+import re
+import sys
+
+section = open(sys.argv[1], encoding="utf-8").read().split("## Quick start", 1)[1]
+print(re.search(r"```python\n(.*?)```", section, re.S).group(1))
+EOF
+(cd "$work" && "$venv_python" quickstart.py) | tee "$work/quickstart.out"
+grep -q '^\[16\] .*prefix_hits=1' "$work/quickstart.out"
+"$venv_python" -m pytest -q -p no:cacheprovider tests/test_semantics.py tests/test_validation.py \
+    tests/test_stateful.py tests/test_one_request.py tests/test_eviction_policies.py
