@@ -7,15 +7,28 @@
 #   bash scripts/check_bounds.sh PYTHON_VERSION NUMBA_VERSION NUMPY_VERSION
 #   bash scripts/check_bounds.sh 3.10 0.60.0 1.24.4     # the oldest CI proves
 #
-# PYTHON_VERSION picks a pyenv interpreter (PYENV_ROOT, default ~/.pyenv) or a python3.X on PATH.
+# PYTHON_VERSION picks a pyenv interpreter (under PYENV_ROOT or `pyenv root`) or a python3.X on
+# PATH.
 # Each corner keeps its own numba cache in the checkout (.numba_cache_bounds_*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 pyver=$1 numba=$2 numpy=$3
 
+roots=()
+if [[ -n ${PYENV_ROOT:-} ]]; then
+    roots+=("$PYENV_ROOT")
+fi
+if command -v pyenv >/dev/null; then
+    roots+=("$(pyenv root)")
+fi
+candidates=()
+for r in "${roots[@]}"; do
+    candidates+=("$r"/versions/"$pyver".*/bin/python)
+done
+candidates+=("$(command -v "python$pyver" || true)")
 python=""
-for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$pyver".*/bin/python "$(command -v "python$pyver" || true)"; do
+for candidate in "${candidates[@]}"; do
     if [[ -x $candidate ]]; then
         python=$candidate
         break
