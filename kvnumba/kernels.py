@@ -16,16 +16,18 @@ from numba.core import config, types
 
 from kvnumba._kernels import _cache_dirs, check_cache_once, ensure_fresh_cache, entry
 from kvnumba._kernels.jit import compile_twins
-from kvnumba._kernels.views import VIEWS_PAGED, VIEWS_POLICY, VIEWS_POLICY_PAGED
+from kvnumba._kernels.versions import (
+    STATE_ARENA,
+    VIEWS_PAGED,
+    VIEWS_POLICY,
+    VIEWS_POLICY_PAGED,
+    state_arena,
+)
 
 log = logging.getLogger("kvnumba")
 _announced = False
 
 _VEC = types.Array(types.int64, 1, "C")
-_ARENA = types.Array(types.uint8, 1, "C")
-# The state arena of a manager whose eviction policy is not LRU: the same bytes, another numba
-# type, so that its kernels compile apart, with the policy code (``_kernels/eviction.py``).
-_POLICY_ARENA = types.Array(types.uint8, 1, "A")
 _INT = types.int64
 _BOOL = types.boolean
 # Engine keys: any strides, so that admit_one's facade needs no contiguity test (its kernel
@@ -173,7 +175,8 @@ def arena_types(name: str, policy: bool = False) -> tuple:
     (``carve.arena_at``)."""
     if name in ONE_REQUEST:
         return (_INT,) * 4
-    return (_POLICY_ARENA if policy else _ARENA,) + (_ARENA,) * (2 if name in PAGED else 1)
+    # Which version (plain, paged, policy) the types select: ``_kernels/versions.py``.
+    return (state_arena(policy),) + (STATE_ARENA,) * (2 if name in PAGED else 1)
 
 
 def is_cached(name: str, policy: bool = False) -> bool:

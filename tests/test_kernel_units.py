@@ -601,3 +601,28 @@ def test_take_from_pages_fullest_page_first(k):
         mgr._arenas.x["scr"][S_UNMAP_N] = 0
         assert pool.num_free == model.pool_free
         _check_pages(mgr, model)
+
+
+def test_each_kernel_version_is_told_apart_by_its_arena_types():
+    """The four versions of ``_kernels/versions.py``: plain, paged, policy, both; what the
+    facade passes (``kernels.arena_types``) selects the one its manager needs."""
+    from kvnumba import kernels
+    from kvnumba._kernels import versions
+    from kvnumba._kernels.views import VIEWS
+
+    table = {
+        VIEWS: (False, False),
+        versions.VIEWS_PAGED: (True, False),
+        versions.VIEWS_POLICY: (False, True),
+        versions.VIEWS_POLICY_PAGED: (True, True),
+    }
+    assert len(set(table)) == 4  # four distinct numba types: four compiled versions
+    for views_type, (paged, policy) in table.items():
+        assert versions.is_paged(views_type) is paged
+        assert versions.is_policy(views_type) is policy
+        assert versions.is_policy_arena(views_type.types[-3]) is policy
+    assert versions.state_arena(False) == versions.STATE_ARENA
+    assert versions.state_arena(True) == versions.POLICY_ARENA
+    assert kernels.arena_types("k_append", policy=True)[0] == versions.POLICY_ARENA
+    assert kernels.arena_types("k_append")[0] == versions.STATE_ARENA
+    assert not versions.is_policy_arena(versions.STATE_ARENA)

@@ -36,14 +36,9 @@ from kvnumba._kernels.admit import (
 from kvnumba._kernels.append import AppendInputs, AppendOutputs, append_need, run_append
 from kvnumba._kernels.carve import arena_at, carve
 from kvnumba._kernels.check import check
-from kvnumba._kernels.engine import (
-    run_evict,
-    run_release_window,
-    run_reset_prefix_cache,
-    run_truncate,
-)
 from kvnumba._kernels.eviction import run_set_next_use, run_set_tags
 from kvnumba._kernels.geometry import blocks_of
+from kvnumba._kernels.give_up import commit_give_up, run_give_up
 from kvnumba._kernels.jit import inlined
 from kvnumba._kernels.keys import check_key_run, register_key_run, run_set_keys
 from kvnumba._kernels.rollback import undo_failed_call
@@ -57,7 +52,12 @@ from kvnumba._kernels.sequences import (
     run_release,
     table_width,
 )
-from kvnumba._kernels.trim import commit_give_up, run_give_up
+from kvnumba._kernels.shrink import (
+    run_evict,
+    run_release_window,
+    run_reset_prefix_cache,
+    run_truncate,
+)
 from kvnumba._kernels.views import block_size_of, call_room, groups_of, scratch_slots
 from kvnumba._state import ADMIT_ONE_AT, APPEND_ONE_AT, CALL_ROOM_INPUTS
 from kvnumba.errors import ST_BAD_KEY_COUNT, ST_NEED_BUFFERS, ST_OK

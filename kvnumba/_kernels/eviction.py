@@ -6,8 +6,8 @@ block is claimed by a hit or evicted), :func:`policy_victim` (the block an alloc
 evicts), :func:`policy_hit`, :func:`policy_registered` and :func:`policy_unregistered`.
 
 For an LRU manager each hook is nothing (the victim is the LRU head): which version a call
-site gets is decided when numba types it, by the type of the views (:func:`.views.is_policy`:
-a policy manager's kernels take the state arena typed with layout ``'A'``). The LRU kernels are
+site gets is decided when numba types it, by the type of the views (:func:`.versions.is_policy`:
+a policy manager's kernels take the state arena typed as ``versions.POLICY_ARENA``). The LRU kernels are
 therefore compiled without any of this code. A policy manager's kernels
 call the out-of-line functions below, which switch on ``meta[M_POLICY]`` at run time: all four
 policies compile together, once, the first time any of them is chosen.
@@ -33,7 +33,8 @@ from kvnumba._kernels.carve import carve
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.prefix import table_find
 from kvnumba._kernels.undo import log_write, set_logged
-from kvnumba._kernels.views import Views, header_entry, is_policy, views
+from kvnumba._kernels.versions import is_policy
+from kvnumba._kernels.views import Views, header_entry, views
 from kvnumba._state import (
     F_FLOOR,
     F_ORPHAN,

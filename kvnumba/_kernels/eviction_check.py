@@ -20,7 +20,7 @@ from kvnumba._kernels.eviction import (
     pol_words,
 )
 from kvnumba._kernels.jit import out_of_line
-from kvnumba._kernels.views import is_policy
+from kvnumba._kernels.versions import is_policy
 from kvnumba._state import (
     F_FLOOR,
     F_ORPHAN,

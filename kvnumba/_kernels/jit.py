@@ -37,7 +37,7 @@ _HELPER = dict(cache=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper
 # those signatures. They are compiled when the first kernel of a process is loaded
 # (:func:`compile_stated`), not at import, so that importing the package writes no cache file;
 # numba then refuses them other argument types. Each signature taking the views also gets its
-# twin with the views of a manager on a page pool (:data:`.views.VIEWS_PAGED`) or with another
+# twin with the views of a manager on a page pool (:data:`.versions.VIEWS_PAGED`) or with another
 # eviction policy, but only when such a kernel is first compiled (:func:`compile_twins`), so
 # that a program without a page pool or with LRU never compiles them.
 _STATED: list = []
@@ -77,8 +77,8 @@ def compile_stated() -> None:
 
 def compile_twins(views_type) -> None:
     """Give every helper with a stated signature its twin for another kind of manager's views
-    (``views_type``: :data:`.views.VIEWS_PAGED`, or the views of a manager with another eviction
-    policy, :data:`.views.VIEWS_POLICY`), so that its kernels compile the helpers' versions for
+    (``views_type``: :data:`.versions.VIEWS_PAGED`, or the views of a manager with another eviction
+    policy, :data:`.versions.VIEWS_POLICY`), so that its kernels compile the helpers' versions for
     those views. A twin is added by allowing one more compile (``disable_compile``). Called
     before such a kernel is compiled; a no-op once done for ``views_type``.
     """

@@ -2,8 +2,8 @@
 :mod:`.virtual_pages` for a manager on a page pool, nothing for a manager without one.
 
 Which of the two is decided when numba types a call, by the type of the views
-(:func:`.views.is_paged`: a paged kernel hands its workers the pool's arena typed with layout
-``'A'``, ``entry.with_pages``). The kernels of a manager without a page pool are therefore compiled
+(:func:`.versions.is_paged`: a paged kernel hands its workers the pool's arena typed as
+``versions.POOL_VIEW``, ``entry.with_pages``). The kernels of a manager without a page pool are therefore compiled
 without the page code, a large part of the quick start's compile time otherwise. Their
 callers still test ``meta[M_PAGE_K]`` at run time, so the empty versions are never reached.
 
@@ -14,7 +14,7 @@ Each name here is a Python function that numba replaces at every call site
 import numpy as np
 from numba.extending import overload
 
-from kvnumba._kernels.views import is_paged
+from kvnumba._kernels.versions import is_paged
 from kvnumba._kernels.virtual_pages import cache_in_page as _cache_in_page
 from kvnumba._kernels.virtual_pages import evicted_to_page as _evicted_to_page
 from kvnumba._kernels.virtual_pages import free_in_page as _free_in_page

@@ -60,36 +60,7 @@ VIEWS = types.NamedTuple(
     [array_type(f.dtype, len(f.dims)) for f in VIEWED] + [array_type(np.uint8)] * 3,
     Views,
 )
-#: The views of a manager on a page pool: ``pool`` is the pool's arena typed with layout
-#: ``'A'`` (``entry.with_pages``). The only difference, and what :mod:`.page_calls` dispatches on.
-VIEWS_PAGED = types.NamedTuple(
-    [*VIEWS.types[:-1], types.Array(types.uint8, 1, "A")],
-    Views,
-)
-
-
-#: The views of a manager with an eviction policy other than LRU: its state arena typed with
-#: layout ``'A'`` (``kernels.compiled(..., policy=True)``), what :mod:`.eviction` dispatches on;
-#: without and with a page pool.
-VIEWS_POLICY = types.NamedTuple(
-    [*VIEWS.types[:-3], types.Array(types.uint8, 1, "A"), *VIEWS.types[-2:]],
-    Views,
-)
-VIEWS_POLICY_PAGED = types.NamedTuple(
-    [*VIEWS_POLICY.types[:-1], VIEWS_PAGED.types[-1]],
-    Views,
-)
-
-
-def is_paged(views_type) -> bool:
-    """Whether ``views_type`` (numba's type of a :data:`Views` tuple) is a paged manager's."""
-    return views_type.types[-1].layout == "A"
-
-
-def is_policy(views_type) -> bool:
-    """Whether ``views_type`` is the views of the kernels' extended version: that of a
-    manager whose eviction policy is not LRU, or that serves a window (``windows.py``)."""
-    return views_type.types[-3].layout == "A"
+# The views of the paged and the policy versions, and the tests of a views type: ``.versions``.
 
 
 GENERATED = Path(__file__).with_name("_views_generated.py")

@@ -10,7 +10,7 @@ first. ``docs/design.md`` states the policy these helpers implement.
 Every write goes through the undo log (a no-op unless the call is logged), and pool pages are
 taken and given back through ``pool_take`` / ``pool_give`` so that a rollback restores the pool
 byte for byte as well. These helpers run once per page or per block taken from or returned to
-a page, inside the out-of-line helpers of :mod:`.blocks` and :mod:`.trim`.
+a page, inside the out-of-line helpers of :mod:`.blocks` and :mod:`.give_up`.
 """
 
 import numpy as np

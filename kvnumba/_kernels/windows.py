@@ -5,7 +5,7 @@ The rules themselves are the plain functions of :mod:`kvnumba.windows`, compiled
 inlined helpers, so the kernels and the reference model run one statement of each.
 
 A windowed manager runs the kernels' extended version, the one managers with an eviction
-policy other than LRU run (its state arena typed with layout 'A', ``views.is_policy``). The
+policy other than LRU run (its state arena typed as ``versions.POLICY_ARENA``). The
 workers reach the window code through the hooks at the end of this module (``windowed``,
 ``drop_window``, ``window_gain_of``, ``window_hits_of``, ``anchor_of``): for a plain manager's
 views each is a constant or does nothing, so the plain kernels never compile the window code
@@ -22,6 +22,7 @@ from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.outcomes import PromptHits
 from kvnumba._kernels.prefix import chain_hash, root_hash
 from kvnumba._kernels.undo import log_write
+from kvnumba._kernels.versions import is_policy_arena
 from kvnumba._kernels.views import views
 from kvnumba._state import (
     F_HASHED,
@@ -227,15 +228,11 @@ def window_gap(v, slot, length):
 
 
 # --- the hooks: what a worker calls (nothing, or a constant, for a plain manager's arenas) -----
-# Each is an ``@overload`` chosen by the state arena's type: layout 'A' is the extended
-# version's (``views.is_policy``). A plain manager's version is a trivial function, compiled
+# Each is an ``@overload`` chosen by the state arena's type (``versions.is_policy_arena``: the
+# policy version's). A plain manager's version is a trivial function, compiled
 # once and never called (``windowed`` is False for it). Not inlined at numba's IR level: such
 # an inlined stub in ``run_admit`` was seen to break the rollback of a failed logged admit.
 _HOOK = {"_nrt": False}
-
-
-def _extended(arena) -> bool:
-    return arena.layout == "A"
 
 
 def drop_window(arena, scratch, pool, slot, length):
@@ -245,7 +242,7 @@ def drop_window(arena, scratch, pool, slot, length):
 
 @overload(drop_window, jit_options=_HOOK)
 def _drop_window_impl(arena, scratch, pool, slot, length):
-    if _extended(arena):
+    if is_policy_arena(arena):
         return lambda arena, scratch, pool, slot, length: drop_out_of_window(
             arena, scratch, pool, slot, length
         )
@@ -259,7 +256,7 @@ def window_gain_of(arena, scratch, pool, slots, counts):
 
 @overload(window_gain_of, jit_options=_HOOK)
 def _window_gain_of_impl(arena, scratch, pool, slots, counts):
-    if _extended(arena):
+    if is_policy_arena(arena):
         return lambda arena, scratch, pool, slots, counts: window_gain(
             arena, scratch, pool, slots, counts
         )
@@ -273,7 +270,7 @@ def window_hits_of(arena, scratch, pool, hits, limit):
 
 @overload(window_hits_of, jit_options=_HOOK)
 def _window_hits_of_impl(arena, scratch, pool, hits, limit):
-    if _extended(arena):
+    if is_policy_arena(arena):
         return lambda arena, scratch, pool, hits, limit: windowed_prompt_hits(
             arena, scratch, pool, hits, limit
         )
@@ -287,7 +284,7 @@ def anchor_of(arena, scratch, pool, tokens, has_tokens, slot, first):
 
 @overload(anchor_of, jit_options=_HOOK)
 def _anchor_of_impl(arena, scratch, pool, tokens, has_tokens, slot, first):
-    if _extended(arena):
+    if is_policy_arena(arena):
         return lambda arena, scratch, pool, tokens, has_tokens, slot, first: admit_anchor(
             arena, scratch, pool, tokens, has_tokens, slot, first
         )
