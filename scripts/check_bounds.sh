@@ -48,14 +48,6 @@ venv_python=$work/venv/bin/python
 "$venv_python" -c 'import sys, numba, numpy; print(f"Python {sys.version.split()[0]}, numba {numba.__version__}, numpy {numpy.__version__}")'
 
 export NUMBA_CACHE_DIR="$root/.numba_cache_bounds_py${pyver}_numba${numba}_numpy${numpy}"
-python3 - "$root/README.md" >"$work/quickstart.py" <<'EOF'
-import re
-import sys
-
-section = open(sys.argv[1], encoding="utf-8").read().split("## Quick start", 1)[1]
-print(re.search(r"```python\n(.*?)```", section, re.S).group(1))
-EOF
-(cd "$work" && "$venv_python" quickstart.py) | tee "$work/quickstart.out"
-grep -q '^\[16\] .*prefix_hits=1' "$work/quickstart.out"
+python3 scripts/readme_quickstart.py "$venv_python"
 "$venv_python" -m pytest -q -p no:cacheprovider tests/test_semantics.py tests/test_validation.py \
     tests/test_stateful.py tests/test_one_request.py tests/test_eviction_policies.py

@@ -9,15 +9,12 @@ project = "kvnumba"
 author = "the kvnumba maintainers"
 release = version = kvnumba.__version__
 
-extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.intersphinx"]
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_rtype = False
 napoleon_use_ivar = True
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-# numba and numpy are not fetched: the build runs offline, so references to them stay text.
-intersphinx_mapping = {}
-nitpicky = False
 html_theme = "alabaster"
 exclude_patterns = ["_build"]
