@@ -21,8 +21,8 @@ from typing import Protocol
 import numpy as np
 
 from kvnumba import errors as E
-from kvnumba._kernels.entry import STATUS
 from kvnumba._state import NIL
+from kvnumba.kernels import status_of
 
 
 class PoolMember(Protocol):
@@ -149,13 +149,13 @@ class PoolCoordinator:
             pool._repair_if_torn()  # before any page is taken: repair rewrites the free stack
             manager.claim_pages_after_fork()
             result = run()
-            if result[STATUS] != E.ST_POOL_EXHAUSTED or not atomic:
+            if status_of(result) != E.ST_POOL_EXHAUSTED or not atomic:
                 return result, []
             # Only a shared pool can hold pages of processes that died.
             if pool.is_shared and pool.num_free < manager.unmapped_pages():
                 if pool.reclaim_dead() > 0:
                     result = run()
-                    if result[STATUS] != E.ST_POOL_EXHAUSTED:
+                    if status_of(result) != E.ST_POOL_EXHAUSTED:
                         return result, []
             givers: list = []
             try:
@@ -168,7 +168,7 @@ class PoolCoordinator:
                 for sibling in reversed(givers):
                     sibling.rollback_give_up()
                 raise
-            if retry[STATUS] == E.ST_POOL_EXHAUSTED:
+            if status_of(retry) == E.ST_POOL_EXHAUSTED:
                 for sibling in reversed(givers):
                     sibling.rollback_give_up()
                 return result, []

@@ -21,6 +21,7 @@ from kvnumba.inputs import (
     key_rows,
     prompt_arrays,
 )
+from kvnumba.kernels import bad_of, count_of, lookup_result_of, status_of
 from kvnumba.results import BlockEvents, LookupResult
 
 
@@ -181,10 +182,10 @@ class EngineKeys:
             )
         else:
             result = self.kernels.k_lookup(tokens_in, lengths, salts, caps, *args)
-        status, bad, num_cached_tokens, block_ids = result
-        if status:
+        if status_of(result):
             named = {"lengths": lengths, "tokens": tokens_in, "key_counts": key_counts}
-            raise failure(self.facts, status, bad, caps=caps, **named)
+            raise failure(self.facts, status_of(result), bad_of(result), caps=caps, **named)
+        num_cached_tokens, block_ids = lookup_result_of(result)
         groups = len(self.arenas.geometry.groups)
         if groups > 1:
             block_ids = block_ids.reshape(lengths.shape[0], groups, block_ids.shape[1])
@@ -228,13 +229,12 @@ class EngineKeys:
         starts = index_array(starts, "starts")
         counts = index_array(counts, "counts")
         keys = key_array(keys)
-        status, bad, _, _, registered = self.kernels.k_set_keys(
-            ids, starts, counts, keys, *self.arenas.args
-        )
-        if status:
-            raise failure(self.facts, status, bad, ids=ids, starts=starts, counts=counts)
+        result = self.kernels.k_set_keys(ids, starts, counts, keys, *self.arenas.args)
+        if status_of(result):
+            named = {"ids": ids, "starts": starts, "counts": counts}
+            raise failure(self.facts, status_of(result), bad_of(result), **named)
         self.collect()
-        return int(registered)
+        return int(count_of(result))
 
     @property
     def pending(self) -> bool:

@@ -16,10 +16,15 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._engine_keys import key_array
-from kvnumba._kernels.entry import ADMIT_ONE_CACHED, ADMIT_ONE_ID, APPEND_ONE_RESULT, STATUS
 from kvnumba._state import NULL_BLOCK
 from kvnumba.ids import split_id
 from kvnumba.inputs import CAP_NONE, INT64, NO_KEYS, NO_TOKENS, UINT64, index_array
+from kvnumba.kernels import (
+    admit_one_result_of,
+    append_one_result_of,
+    status_of,
+    values_of,
+)
 from kvnumba.windows import first_needed_block
 
 
@@ -79,16 +84,16 @@ class OneRequest:
                 r = self.kernels.k_append_one_keys(
                     seq_id, count, key_start, keys, *self.arenas.one_args
                 )
-                if r[STATUS] == 0:
-                    out = r[APPEND_ONE_RESULT]
+                if status_of(r) == 0:
+                    out = append_one_result_of(r)
                     self.pipeline.after_commit(out)
                     return out
-                if r[STATUS] in (E.ST_BAD_KEY_POSITION, E.ST_KEY_CONFLICT):
-                    self._bad_keys(r[STATUS], seq_id, key_start, keys)
+                if status_of(r) in (E.ST_BAD_KEY_POSITION, E.ST_KEY_CONFLICT):
+                    self._bad_keys(status_of(r), seq_id, key_start, keys)
         elif fast:
             r = self.kernels.k_append_one(seq_id, count, *self.arenas.one_args)
-            if r[STATUS] == 0:
-                out = r[APPEND_ONE_RESULT]
+            if status_of(r) == 0:
+                out = append_one_result_of(r)
                 self.pipeline.after_commit(out)
                 return out
         ids = np.array([seq_id], dtype=np.int64)
@@ -163,8 +168,8 @@ class OneRequest:
                 r = self.kernels.k_admit_one_keys(length, salt, keys_in, cap, *self.arenas.one_args)
             elif not keyed and keys is None and length == tokens_in.shape[0]:
                 r = self.kernels.k_admit_one(tokens_in, salt, cap, *self.arenas.one_args)
-            if r is not None and r[STATUS] == 0:
-                out = r[ADMIT_ONE_ID], r[ADMIT_ONE_CACHED]
+            if r is not None and status_of(r) == 0:
+                out = admit_one_result_of(r)
                 self.pipeline.after_commit(out)
                 return out
         # The keys are the first K full blocks, as on the fast path (the batched default
@@ -220,20 +225,16 @@ class OneRequest:
             and 1 <= length <= self.max_seq_len
             and type(salt) is int
         ):
-            status, _, hits = self.kernels.k_lookup_one_keys(
-                length, salt, keys, CAP_NONE, *self.arenas.one_args
-            )
-            if status == 0:
-                return hits
+            r = self.kernels.k_lookup_one_keys(length, salt, keys, CAP_NONE, *self.arenas.one_args)
+            if status_of(r) == 0:
+                return values_of(r)
         length, salt = as_int(length, "length"), as_int(salt, "salt")
         cap = CAP_NONE if max_hit_blocks is None else as_int(max_hit_blocks, "max_hit_blocks")
         keys = key_array(keys)
         if self.block_keys and not self.windowed and cap >= 0 and 1 <= length <= self.max_seq_len:
-            status, _, hits = self.kernels.k_lookup_one_keys(
-                length, salt, keys, cap, *self.arenas.one_args
-            )
-            if status == 0:
-                return hits
+            r = self.kernels.k_lookup_one_keys(length, salt, keys, cap, *self.arenas.one_args)
+            if status_of(r) == 0:
+                return values_of(r)
         result = self.engine_keys.lookup(
             None,
             [length],

@@ -17,9 +17,9 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._kernel_set import Lazy, ready
-from kvnumba._kernels.entry import AVAILABLE, BAD, EVICTED, NEEDED, RESULT, STATUS
 from kvnumba._state import M_ID_TAG, M_SLOT_TOP, S_FAILED, S_LOG_ON
 from kvnumba.ids import split_id
+from kvnumba.kernels import bad_of, count_of, head_of, needed_of, status_of, values_of
 
 
 def part_call(part: str, method):
@@ -57,8 +57,7 @@ class Facts:
     def seq_len(self, seq_id: int) -> int:
         """Tokens held by the live sequence ``seq_id``."""
         ids = np.array([seq_id], dtype=np.int64)
-        _, _, lengths = self._kernels.k_seq_lens(ids, *self._arenas.args)
-        return int(lengths[0])
+        return int(values_of(self._kernels.k_seq_lens(ids, *self._arenas.args))[0])
 
     def ref(self, block: int) -> int:
         """Reference count of ``block``."""
@@ -153,7 +152,8 @@ class CallPipeline:
         grow : callable, optional
             ``grow(result)`` makes room after ``ST_NEED_BUFFERS``; the call is then retried.
         build : callable, optional
-            Makes the call's result from the kernel's result fields (``entry.RESULT``).
+            Makes the call's result from the kernel's result, through the getters of its
+            layout (``kvnumba.kernels.RESULTS``).
         first : tuple, optional
             The result of a first try the caller made already (without a page pool).
         **context
@@ -162,7 +162,7 @@ class CallPipeline:
         Returns
         -------
         object
-            ``build(result fields)``, or None without ``build``.
+            ``build(result)``, or None without ``build``.
         """
         if type(kernel) is Lazy:
             kernel = kernel.load()
@@ -171,10 +171,10 @@ class CallPipeline:
         if pages is None:
             # The common case first: one try that commits, without the retry loop's closure.
             result = kernel(*inputs, *arenas.call_args) if first is None else first
-            if result[STATUS] == 0:
+            if status_of(result) == 0:
                 if not atomic and arenas.scr[S_FAILED]:  # set by a partial append or admit
                     self.failed_calls += 1
-                out = None if build is None else build(result[RESULT])
+                out = None if build is None else build(result)
                 if self.on_evict is not None or self.events.chunks is not None:
                     self.after_commit(out)
                 return out
@@ -184,7 +184,7 @@ class CallPipeline:
             while True:
                 if result is None:
                     result = kernel(*inputs, *arenas.call_args)
-                status = result[STATUS]
+                status = status_of(result)
                 if status and arenas.scr[S_LOG_ON]:
                     # A logged call that failed leaves its undo to the facade (k_rollback).
                     self.kernels.k_rollback(*arenas.call_args)
@@ -198,12 +198,11 @@ class CallPipeline:
         else:
             pending = pages.orphans_first()
             result, givers = pages.run_with_reclaim(until_buffers_fit, atomic)
-        status = result[STATUS]
-        if status:
-            self.fail(status, result[BAD], result[NEEDED], result[AVAILABLE], **context)
+        if status_of(result):
+            self.fail(*head_of(result), **context)
         if not atomic and arenas.scr[S_FAILED]:  # set by a partial append or admit only
             self.failed_calls += 1
-        out = None if build is None else build(result[RESULT])
+        out = None if build is None else build(result)
         if pages is None:
             self.after_commit(out)
         else:
@@ -217,21 +216,23 @@ class CallPipeline:
         return self.run(
             kernel,
             inputs,
-            grow=lambda result: arenas.grow_records(result[NEEDED]),
-            build=lambda fields: int(fields[EVICTED]),
+            grow=lambda result: arenas.grow_records(needed_of(result)),
+            build=lambda result: int(count_of(result)),
             **named,
         )
 
     def read(self, kernel, ids: np.ndarray) -> np.ndarray:
         """Run a read-only kernel over sequence ids (``k_block_tables``, ``k_seq_lens``)."""
-        status, bad, out = ready(kernel)(ids, *self.arenas.args)
-        if status:
-            self.fail(status, bad, ids=ids)
-        return out
+        result = ready(kernel)(ids, *self.arenas.args)
+        if status_of(result):
+            self.fail(status_of(result), bad_of(result), ids=ids)
+        return values_of(result)
 
     def can_append(self, ids: np.ndarray, counts: np.ndarray) -> bool:
         """``BlockManager.can_append`` without a page pool (``PageSide.can_append`` with)."""
-        status, bad, need, available = self.kernels.k_can_append(ids, counts, *self.arenas.args)
+        status, bad, need, available = head_of(
+            self.kernels.k_can_append(ids, counts, *self.arenas.args)
+        )
         if status:
             self.fail(status, bad, ids=ids, counts=counts)
         return bool(need <= available)

@@ -31,6 +31,7 @@ from kvnumba._state import (
     S_SHORT,
 )
 from kvnumba.inputs import positive_int
+from kvnumba.kernels import head_of
 
 
 def check_pages(num_blocks: int, page_pool, blocks_per_page) -> int:
@@ -131,8 +132,8 @@ class PageSide:
     def can_append(self, ids, counts) -> bool:
         """``BlockManager.can_append`` on a page pool: what reclaim could add counts too."""
         with self.pool.lock():
-            status, bad, need, available = self.kernels.k_can_append(
-                ids, counts, *self.arenas.call_args
+            status, bad, need, available = head_of(
+                self.kernels.k_can_append(ids, counts, *self.arenas.call_args)
             )
             if status:
                 raise failure(self.facts, status, bad, ids=ids, counts=counts)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
+from operator import itemgetter
+from typing import NamedTuple
 
+import numpy as np
 from numba.core import config, types
 
 from kvnumba._kernels import _cache_dirs, check_cache_once, ensure_fresh_cache, entry
@@ -80,6 +83,204 @@ SIGNATURES = {
     # A priority policy's per-block tags.
     "k_set_tags": (_VEC, _VEC),
 }
+# ---------------------------------------------------------------------------------- results
+# An entry kernel returns a plain tuple: boxing a named tuple at the Python boundary would cost
+# every call. Each layout is named once, below, by a NamedTuple of its fields, and the facade
+# reads a result only through the getters made from those names (``operator.itemgetter``, a C
+# call as cheap as indexing the tuple).
+
+
+class HeadLayout(NamedTuple):
+    """``k_release``, ``k_can_append``: the head every state-changing kernel returns first."""
+
+    status: int  #: 0, or the failure's ``kvnumba.errors.ST_*`` code
+    bad: int  #: index of the offending input, -1 for none
+    needed: int  #: blocks needed (``PoolExhausted``), or record rows (``ST_NEED_BUFFERS``)
+    available: int  #: blocks available (``PoolExhausted``)
+
+
+class CountLayout(NamedTuple):
+    """``k_truncate`` (0 blocks), ``k_release_window``, ``k_evict``, ``k_reset_prefix_cache``,
+    ``k_set_keys``: the head, then the blocks released, evicted or registered."""
+
+    status: int
+    bad: int
+    needed: int
+    available: int
+    blocks: int
+
+
+class AppendLayout(NamedTuple):
+    """``k_append``: the head, then the fields of :class:`kvnumba.AppendResult`."""
+
+    status: int
+    bad: int
+    needed: int
+    available: int
+    slot_mapping: np.ndarray
+    cow_src: np.ndarray
+    cow_dst: np.ndarray
+    ok: np.ndarray
+
+
+class AdmitLayout(NamedTuple):
+    """``k_admit``, ``k_admit_keys``: the head, then the fields of :class:`kvnumba.AdmitResult`."""
+
+    status: int
+    bad: int
+    needed: int
+    available: int
+    ids: np.ndarray
+    num_cached_tokens: np.ndarray
+    slot_mapping: np.ndarray
+    ok: np.ndarray
+
+
+class AppendOneLayout(NamedTuple):
+    """``k_append_one``, ``k_append_one_keys``: the head, then what ``append_one`` returns and
+    the sequence's slot; -1 for no block copy."""
+
+    status: int
+    bad: int
+    needed: int
+    available: int
+    blocks_before: int
+    blocks_after: int
+    cow_src: int
+    cow_dst: int
+    slot: int
+
+
+class AdmitOneLayout(NamedTuple):
+    """``k_admit_one``, ``k_admit_one_keys``: what ``admit_one`` returns, after the status
+    (a failed call is served again by the batched ``admit``, which names the failure)."""
+
+    status: int
+    seq_id: int
+    num_cached_tokens: int
+
+
+class ReadLayout(NamedTuple):
+    """``k_block_tables``, ``k_seq_lens``, ``k_fork`` (the children), ``k_lookup_one_keys``
+    (the hit blocks): status, offending input, the array read or made."""
+
+    status: int
+    bad: int
+    values: np.ndarray
+
+
+class LookupLayout(NamedTuple):
+    """``k_lookup``, ``k_lookup_keys``: status, offending input, the fields of
+    :class:`kvnumba.LookupResult`."""
+
+    status: int
+    bad: int
+    num_cached_tokens: np.ndarray
+    block_ids: np.ndarray
+
+
+class NewSequencesLayout(NamedTuple):
+    """``k_new_sequences``: status and the new ids."""
+
+    status: int
+    ids: np.ndarray
+
+
+class CheckLayout(NamedTuple):
+    """``k_check``: 0 or the first violation's code, and its two numbers (``MESSAGES``)."""
+
+    code: int
+    a: int
+    b: int
+
+
+class StatusLayout(NamedTuple):
+    """``k_set_next_use``, ``k_set_tags``: the status alone."""
+
+    status: int
+
+
+class NoneLayout(NamedTuple):
+    """``k_rollback``, ``k_commit_give_up``: nothing (they cannot fail)."""
+
+
+class CountOnlyLayout(NamedTuple):
+    """``k_give_up``: a bare count, the pages unmapped (not a tuple)."""
+
+    pages: int
+
+
+#: The layout of what each entry kernel returns (a page variant returns its plain twin's).
+RESULTS: dict[str, type] = {
+    "k_new_sequences": NewSequencesLayout,
+    "k_append": AppendLayout,
+    "k_can_append": HeadLayout,
+    "k_admit": AdmitLayout,
+    "k_fork": ReadLayout,
+    "k_release": HeadLayout,
+    "k_block_tables": ReadLayout,
+    "k_seq_lens": ReadLayout,
+    "k_check": CheckLayout,
+    "k_rollback": NoneLayout,
+    "k_truncate": CountLayout,
+    "k_release_window": CountLayout,
+    "k_evict": CountLayout,
+    "k_reset_prefix_cache": CountLayout,
+    "k_admit_keys": AdmitLayout,
+    "k_lookup": LookupLayout,
+    "k_lookup_keys": LookupLayout,
+    "k_set_keys": CountLayout,
+    "k_append_one": AppendOneLayout,
+    "k_append_one_keys": AppendOneLayout,
+    "k_admit_one": AdmitOneLayout,
+    "k_admit_one_keys": AdmitOneLayout,
+    "k_lookup_one_keys": ReadLayout,
+    "k_give_up": CountOnlyLayout,
+    "k_commit_give_up": NoneLayout,
+    "k_set_next_use": StatusLayout,
+    "k_set_tags": StatusLayout,
+}
+
+
+def getter(layout: type, *names: str) -> itemgetter:
+    """A decoder of ``layout``'s fields ``names`` (one name: the field; several: a tuple)."""
+    fields = layout._fields  # type: ignore[attr-defined]
+    return itemgetter(*(fields.index(name) for name in names))
+
+
+# The decoders the facade reads results with. ``status`` and the head come first in every
+# layout that has them (``RESULTS`` and the import-time check below).
+status_of = getter(HeadLayout, "status")
+head_of = getter(HeadLayout, "status", "bad", "needed", "available")
+needed_of = getter(HeadLayout, "needed")
+count_of = getter(CountLayout, "blocks")
+append_result_of = getter(AppendLayout, "slot_mapping", "cow_src", "cow_dst", "ok")
+admit_result_of = getter(AdmitLayout, "ids", "num_cached_tokens", "slot_mapping", "ok")
+append_one_result_of = getter(
+    AppendOneLayout, "blocks_before", "blocks_after", "cow_src", "cow_dst"
+)
+admit_one_result_of = getter(AdmitOneLayout, "seq_id", "num_cached_tokens")
+bad_of = getter(ReadLayout, "bad")
+values_of = getter(ReadLayout, "values")
+lookup_result_of = getter(LookupLayout, "num_cached_tokens", "block_ids")
+new_ids_of = getter(NewSequencesLayout, "ids")
+violation_of = getter(CheckLayout, "code", "a", "b")
+
+
+def _check_results() -> None:
+    """Every kernel has a layout, and every layout with a status starts with it (and with the
+    whole head, if it names ``needed``): the shared getters above read any of them."""
+    plain = {name for name in SIGNATURES if not name.endswith("_paged")}
+    if set(RESULTS) != plain:
+        raise ImportError(f"kernels without a result layout: {sorted(plain ^ set(RESULTS))}")
+    for layout in RESULTS.values():
+        fields = layout._fields  # type: ignore[attr-defined]
+        if "status" in fields and fields[0] != "status":
+            raise ImportError(f"{layout.__name__}: status is not its first field")
+        if "needed" in fields and fields[:4] != HeadLayout._fields:
+            raise ImportError(f"{layout.__name__}: its head differs from HeadLayout's")
+
+
 #: Kernels a manager loads on first use even on a page pool (``_kernel_set.Lazy``): rarely
 #: called, they would lengthen every paged manager's first construction.
 LAZY = frozenset(
@@ -301,3 +502,6 @@ def prepare(names=PLAIN, stream=None, policy: bool = False) -> None:
         print(f"kvnumba: compiled in {time.process_time() - start:.0f} s of CPU", file=stream)
     else:
         compile_all(names, policy=policy)
+
+
+_check_results()

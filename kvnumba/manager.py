@@ -24,14 +24,6 @@ from kvnumba._arenas import Arenas, check_arena_bytes, validated_geometry
 from kvnumba._engine_keys import EngineKeys
 from kvnumba._kernel_set import KernelSet
 from kvnumba._kernels.check import MESSAGES
-from kvnumba._kernels.entry import (
-    ADMIT_ONE_CACHED,
-    ADMIT_ONE_ID,
-    APPEND_ONE_RESULT,
-    NEEDED,
-    RESULT,
-    STATUS,
-)
 from kvnumba._one_request import OneRequest
 from kvnumba._pipeline import CallPipeline, Facts, part_call
 from kvnumba._policy import EvictionPolicy
@@ -50,6 +42,19 @@ from kvnumba.inputs import (
     prompt_arrays,
     switch,
 )
+from kvnumba.kernels import (
+    admit_one_result_of,
+    admit_result_of,
+    append_one_result_of,
+    append_result_of,
+    bad_of,
+    count_of,
+    needed_of,
+    new_ids_of,
+    status_of,
+    values_of,
+    violation_of,
+)
 from kvnumba.priority import resolve as resolve_priority
 from kvnumba.results import AdmitResult, AppendResult, Stats
 from kvnumba.windows import KVCacheGroup
@@ -59,6 +64,17 @@ _INT64_MAX = np.iinfo(np.int64).max
 # Building a NamedTuple from a tuple skips its keyword-argument __new__.
 _new_append_result = AppendResult._make
 _new_admit_result = AdmitResult._make
+
+
+def _append_result(result) -> AppendResult:
+    """The :class:`AppendResult` of an ``AppendLayout``."""
+    return _new_append_result(append_result_of(result))
+
+
+def _admit_result(result) -> AdmitResult:
+    """The :class:`AdmitResult` of an ``AdmitLayout``."""
+    return _new_admit_result(admit_result_of(result))
+
 
 # A copy would share nothing sound: the views alias one arena, the one-request calls its address.
 _NOT_COPYABLE = (
@@ -261,9 +277,10 @@ class BlockManager:
         slots = count * self._groups
         if slots > self._geometry.max_seqs:  # before anything is allocated for the ids
             raise E.TooManySequences(slots, self._facts.free_slots(), self.max_seqs)
-        status, ids = self._kernels.k_new_sequences(slots, *self._arenas.args)
-        if status:
-            self._pipeline.fail(status, -1, requested=slots)
+        result = self._kernels.k_new_sequences(slots, *self._arenas.args)
+        if status_of(result):
+            self._pipeline.fail(status_of(result), -1, requested=slots)
+        ids = new_ids_of(result)
         return ids if self._groups == 1 else ids.reshape(count, self._groups)
 
     def append(self, ids, counts, tokens=None, *, atomic: bool = True) -> AppendResult:
@@ -295,10 +312,10 @@ class BlockManager:
             # The decode step commits here without the pipeline's generality; anything else
             # (a failure, more record buffers) continues in the pipeline from this result.
             first = self._kernels.k_append(*inputs, *self._arenas.args)
-            if first[STATUS] == 0:
+            if status_of(first) == 0:
                 if atomic is not True and self._arenas.scr[S_FAILED]:
                     self._pipeline.failed_calls += 1
-                out = _new_append_result(first[RESULT])
+                out = _new_append_result(append_result_of(first))
                 if not self._quiet:
                     self._pipeline.after_commit(out)
                 return out
@@ -307,8 +324,8 @@ class BlockManager:
             self._kernels.k_append,
             inputs,
             atomic=atomic,
-            grow=lambda result: arenas.grow_records(result[NEEDED]),
-            build=_new_append_result,
+            grow=lambda result: arenas.grow_records(needed_of(result)),
+            build=_append_result,
             first=first,
             ids=ids,
             counts=counts,
@@ -370,11 +387,11 @@ class BlockManager:
     def _admit(self, kernel, inputs, atomic, named):
         """Run an admit kernel, its record buffers sized for its prompts."""
         prompts, arenas, blocks = named["lengths"].shape[0], self._arenas, self.num_blocks
-        build, groups = _new_admit_result, self._groups
+        build, groups = _admit_result, self._groups
         if groups > 1:
 
             def build(r):
-                ids, num_cached_tokens, slot_mapping, ok = r
+                ids, num_cached_tokens, slot_mapping, ok = admit_result_of(r)
                 return AdmitResult(
                     ids.reshape(prompts, groups), num_cached_tokens, slot_mapping, ok
                 )
@@ -383,7 +400,7 @@ class BlockManager:
             kernel,
             inputs,
             atomic=atomic,
-            grow=lambda r: arenas.grow_records(min(r[NEEDED], blocks), r[NEEDED], prompts),
+            grow=lambda r: arenas.grow_records(min(needed_of(r), blocks), needed_of(r), prompts),
             build=build,
             **named,
         )
@@ -403,10 +420,11 @@ class BlockManager:
             raise E.TooManySequences(ids.shape[0] * n, free, self.max_seqs)
         if n > _INT64_MAX:  # no parents, so no TooManySequences; the kernel takes an int64
             raise ValueError(f"n must be below 2**63, got {n}")
-        status, bad, children = self._kernels.k_fork(ids, n, *self._arenas.args)
-        if status:
-            self._pipeline.fail(status, bad, requested=ids.shape[0] * n, ids=ids)
-        return children
+        result = self._kernels.k_fork(ids, n, *self._arenas.args)
+        if status_of(result):
+            requested = ids.shape[0] * n
+            self._pipeline.fail(status_of(result), bad_of(result), requested=requested, ids=ids)
+        return values_of(result)
 
     def release(self, ids) -> None:
         """Drop every reference of each sequence, tail block first; the ids become invalid.
@@ -444,7 +462,7 @@ class BlockManager:
         return self._pipeline.run(
             self._kernels.k_release_window,
             (ids, lengths),
-            build=lambda fields: int(fields[-1]),
+            build=lambda result: int(count_of(result)),
             ids=ids,
             lengths=lengths,
         )
@@ -501,8 +519,8 @@ class BlockManager:
         if keys is None and self._fast and type(seq_id) is int and type(count) is int:
             if 0 <= count <= self._max_seq_len:
                 r = self._kernels.k_append_one(seq_id, count, *self._arenas.one_args)
-                if r[STATUS] == 0:
-                    out = r[APPEND_ONE_RESULT]
+                if status_of(r) == 0:
+                    out = append_one_result_of(r)
                     if not self._quiet:
                         self._pipeline.after_commit(out)
                     return out
@@ -531,8 +549,8 @@ class BlockManager:
             cap = CAP_NONE if max_hit_blocks is None else max_hit_blocks
             if type(cap) is int and cap >= 0:
                 r = self._kernels.k_admit_one_keys(length, salt, keys, cap, *self._arenas.one_args)
-                if r[STATUS] == 0:
-                    out = r[ADMIT_ONE_ID], r[ADMIT_ONE_CACHED]
+                if status_of(r) == 0:
+                    out = admit_one_result_of(r)
                     if not self._quiet:
                         self._pipeline.after_commit(out)
                     return out
@@ -579,9 +597,9 @@ class BlockManager:
         first inconsistency.
         """
         if self._pages is not None:
-            code, a, b = self._pages.check()
+            code, a, b = violation_of(self._pages.check())
         else:
-            code, a, b = self._kernels.k_check(*self._arenas.args)
+            code, a, b = violation_of(self._kernels.k_check(*self._arenas.args))
         if code:
             raise E.InvariantViolation(MESSAGES[code].format(a=a, b=b))
 

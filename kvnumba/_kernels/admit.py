@@ -11,9 +11,21 @@ from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.keys import lookup_keys, register_key
 from kvnumba._kernels.outcomes import Outcome, PromptHits, Status
-from kvnumba._kernels.prefix import chain_hash, root_hash, table_find, table_purge_evicted
+from kvnumba._kernels.prefix import (
+    chain_hash,
+    root_hash,
+    table_find,
+    table_purge_evicted,
+    walk_hit,
+)
 from kvnumba._kernels.sequences import open_slot, resolve
-from kvnumba._kernels.undo import log_write, policy_log_rows_kernel, undo_log_rows_kernel
+from kvnumba._kernels.undo import (
+    clear_call_records,
+    log_write,
+    policy_log_rows_kernel,
+    start_log,
+    undo_log_rows_kernel,
+)
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
 from kvnumba._kernels.windows import anchor_of, group_salt, window_hits_of, windowed
@@ -32,14 +44,10 @@ from kvnumba._state import (
     M_SLOT_TOP,
     S_EV_N,
     S_EV_PAYLOAD,
-    S_EVT_N,
     S_FAILED,
-    S_LOG_N,
     S_LOG_ON,
-    S_MAP_N,
     S_SAVED_PAYLOAD,
     S_SHORT,
-    S_UNMAP_N,
 )
 from kvnumba.errors import (
     ST_BAD_CAP,
@@ -120,25 +128,16 @@ def lookup_prefix(v, prompt, salt, limit, hits):
         return PromptHits(0, 0, limit)
     block_size = v.tokens.shape[1]
     parent = root_hash()
-    num_hits = 0
-    num_cached = 0
+    walked = PromptHits(0, 0, limit)
     win = windowed(v)
     for pos in range(limit):
         chunk = prompt[pos * block_size : (pos + 1) * block_size]
         h = chain_hash(parent, salt, chunk, v.meta[M_HASH_BITS])
-        b = table_find(v, h, salt, chunk)
-        if win:
-            hits[pos] = b  # a window's hit is decided once every position is looked up
-            parent = h
-            continue
-        if b < 0:
+        walked, go_on = walk_hit(v, hits, walked, pos, table_find(v, h, salt, chunk), win)
+        if not go_on:
             break
-        hits[num_hits] = b
-        num_hits += 1
-        if v.ref[b] == 0:
-            num_cached += 1
         parent = h
-    return PromptHits(num_hits, num_cached, limit)
+    return walked
 
 
 @inlined
@@ -294,16 +293,8 @@ def run_admit(prompts, key_rows, caps, bound, results, arena, scratch, pool):
         return Outcome(ST_NEED_BUFFERS, -1, bound, available, 0)
     saved_payload_flag = scr[S_EV_PAYLOAD]
     if logged:
-        for j in range(meta.shape[0]):
-            v.meta_save[j] = meta[j]
-        scr[S_LOG_N] = 0
-        scr[S_LOG_ON] = 1
-        scr[S_EV_PAYLOAD] = 1
-    scr[S_EV_N] = 0
-    scr[S_EVT_N] = 0
-    scr[S_FAILED] = 0
-    scr[S_MAP_N] = 0
-    scr[S_UNMAP_N] = 0
+        start_log(v)
+    clear_call_records(scr)
     # A fresh sequence's tail is full or empty, so an admit writes no copy-on-write pairs: any
     # empty int32 vector will do (one of the views, allocating nothing).
     no_pairs = v.ref[:0]

@@ -10,7 +10,7 @@ from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.outcomes import Outcome, Status
 from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.sequences import resolve
-from kvnumba._kernels.undo import log_write, set_logged
+from kvnumba._kernels.undo import clear_call_records, log_write, set_logged
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
 from kvnumba._kernels.windows import drop_window, drops_on_append, has_drops, window_gain_of
@@ -26,13 +26,10 @@ from kvnumba._state import (
     M_USED,
     S_EV_N,
     S_EV_PAYLOAD,
-    S_EVT_N,
     S_FAILED,
     S_LOG_ON,
-    S_MAP_N,
     S_SHORT,
     S_STAMP,
-    S_UNMAP_N,
 )
 from kvnumba.errors import (
     ST_BAD_TOKEN,
@@ -400,11 +397,7 @@ def run_append(inputs, results, arena, scratch, pool):
     # np.int64, not 0: numba would first type the calls below with the literal 0 and compile
     # the callee a second time for it.
     num_cow = np.int64(0)
-    scr[S_EV_N] = 0
-    scr[S_EVT_N] = 0
-    scr[S_FAILED] = 0
-    scr[S_MAP_N] = 0
-    scr[S_UNMAP_N] = 0
+    clear_call_records(scr)
     io = AppendIO(inputs.tokens, inputs.has_tokens, slot_mapping, results.cow_src, results.cow_dst)
     remaining = free + meta[M_CACHED]
     if win and atomic:

@@ -5,10 +5,10 @@ and hands everything to workers compiled without it, which carve their views out
 and run with every helper inlined: no reference counting anywhere on the hot path.
 
 The state-changing kernels (``append``, ``admit``, ``release``, ``truncate``, ``evict``,
-``reset_prefix_cache``) return one outcome layout, named by the constants below and read by
-name in the facade's ``CallPipeline.run`` (``kvnumba._pipeline``): ``status``, ``bad`` (index of the offending input),
-``needed`` and ``available`` (blocks, for ``PoolExhausted``; record rows for
-``ST_NEED_BUFFERS``), then the result fields. Variable-size records of a committed call
+``reset_prefix_cache``) return one outcome head: ``status``, ``bad`` (index of the offending
+input), ``needed`` and ``available`` (blocks, for ``PoolExhausted``; record rows for
+``ST_NEED_BUFFERS``), then the result fields. Every result layout is named once, with its
+decoders, in ``kvnumba.kernels`` (``RESULTS``), and read by name in the facade. Variable-size records of a committed call
 (evictions, pages mapped and unmapped) stay in the scratch arena, where the facade reads them
 for the callbacks. The workers take their inputs and outputs as named tuples and report an
 :class:`.Outcome`; the kernels here return plain tuples, since boxing a named tuple at the
@@ -62,18 +62,9 @@ from kvnumba._kernels.views import block_size_of, call_room, groups_of, scratch_
 from kvnumba._state import ADMIT_ONE_AT, APPEND_ONE_AT, CALL_ROOM_INPUTS
 from kvnumba.errors import ST_BAD_KEY_COUNT, ST_NEED_BUFFERS, ST_OK
 
-#: Positions of the outcome of a state-changing entry kernel (a tuple: boxing a named tuple
-#: would cost the hot path).
-STATUS, BAD, NEEDED, AVAILABLE = 0, 1, 2, 3
-RESULT = slice(4, 8)
-#: ``k_evict`` and ``k_reset_prefix_cache``: the blocks evicted, first of the result fields.
-EVICTED = 0
-#: ``k_append_one`` / ``k_append_one_keys``: ``STATUS`` first, then the outcome fields above,
-#: then (blocks before, blocks after, cow_src, cow_dst) and the sequence's slot.
-APPEND_ONE_RESULT = slice(4, 8)
+#: Where ``k_append_one_keys`` finds the sequence's slot in ``_append_one``'s result (the
+#: ``slot`` field of ``kvnumba.kernels.AppendOneLayout``; status is field 0).
 _APPEND_ONE_SLOT = 8
-#: ``k_admit_one`` / ``k_admit_one_keys``: (status, sequence id, cached tokens).
-ADMIT_ONE_ID, ADMIT_ONE_CACHED = 1, 2
 
 
 @njit(cache=True, inline="always")
@@ -538,7 +529,7 @@ def k_append_one_keys(
     if check.status != ST_OK:
         return check.status, check.bad, 0, 0, 0, 0, -1, -1, -1
     result = _append_one(seq_id, count, arena, scratch)
-    if result[STATUS] == ST_OK:
+    if result[0] == ST_OK:
         register_key_run(result[_APPEND_ONE_SLOT], key_start, keys, arena, scratch)
     return result
 

@@ -156,11 +156,9 @@ def _place(v, i, b):
 # call passes every argument flattened, and the views are forty arrays. They keep the moving
 # block's key and stamp in locals: the heap's writes go to the same arena as the keys, so the
 # compiler could not keep them itself.
-@out_of_line
-def _sift_up_at(arena, scratch, pool, i):
-    v = views(arena, scratch, pool)
-    links, words = pol_links(v), pol_words(v)
-    b = links[i, L_HEAP]
+@inlined
+def _rise(v, links, words, i, b):
+    """Put block ``b`` at heap position ``i`` or above it: past every parent it comes first."""
     kb, sb = words[b, W_KEY], words[b, W_STAMP]
     while i > 0:
         p = (i - 1) >> 1
@@ -170,6 +168,13 @@ def _sift_up_at(arena, scratch, pool, i):
         _place(v, i, q)
         i = p
     _place(v, i, b)
+
+
+@out_of_line
+def _sift_up_at(arena, scratch, pool, i):
+    v = views(arena, scratch, pool)
+    links, words = pol_links(v), pol_words(v)
+    _rise(v, links, words, i, links[i, L_HEAP])
 
 
 @inlined
@@ -216,15 +221,7 @@ def _pop_top_at(arena, scratch, pool, last):
         c, bc, _, _ = _smaller_child(links, words, 2 * i + 1, n)
         _place(v, i, bc)
         i = c
-    kb, sb = words[last, W_KEY], words[last, W_STAMP]
-    while i > 0:
-        p = (i - 1) >> 1
-        q = links[p, L_HEAP]
-        if not _less(kb, sb, words[q, W_KEY], words[q, W_STAMP]):
-            break
-        _place(v, i, q)
-        i = p
-    _place(v, i, last)
+    _rise(v, links, words, i, last)
 
 
 @inlined

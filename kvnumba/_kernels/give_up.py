@@ -11,7 +11,7 @@ from kvnumba._kernels.blocks import evict_block
 from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.links import cache_only_unlink
 from kvnumba._kernels.prefix import table_purge_evicted
-from kvnumba._kernels.undo import set_logged
+from kvnumba._kernels.undo import clear_call_records, set_logged, start_log
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import unmap_page
 from kvnumba._state import (
@@ -22,12 +22,8 @@ from kvnumba._state import (
     NIL,
     S_EV_N,
     S_EV_PAYLOAD,
-    S_EVT_N,
-    S_LOG_N,
     S_LOG_ON,
-    S_MAP_N,
     S_SAVED_PAYLOAD,
-    S_UNMAP_N,
 )
 
 
@@ -42,16 +38,8 @@ def run_give_up(max_pages, logged, arena, scratch, pool):
     meta, scr = v.meta, v.scr
     k = meta[M_PAGE_K]
     if logged:
-        for j in range(meta.shape[0]):
-            v.meta_save[j] = meta[j]
-        scr[S_LOG_N] = 0
-        scr[S_LOG_ON] = 1
-        scr[S_SAVED_PAYLOAD] = scr[S_EV_PAYLOAD]
-        scr[S_EV_PAYLOAD] = 1
-    scr[S_EV_N] = 0
-    scr[S_EVT_N] = 0
-    scr[S_MAP_N] = 0
-    scr[S_UNMAP_N] = 0
+        start_log(v)
+    clear_call_records(scr)
     done = 0
     while done < max_pages and meta[M_CO_HEAD] != NIL:
         page = meta[M_CO_HEAD]

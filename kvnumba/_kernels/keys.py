@@ -15,9 +15,9 @@ from kvnumba._kernels.events import EVENT_STORED, note_event
 from kvnumba._kernels.eviction import policy_registered
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.outcomes import Outcome, PromptHits, Status
-from kvnumba._kernels.prefix import table_insert
+from kvnumba._kernels.prefix import table_insert, walk_hit
 from kvnumba._kernels.sequences import resolve, resolve_ids
-from kvnumba._kernels.undo import log_write, set_logged
+from kvnumba._kernels.undo import clear_call_records, log_write, set_logged
 from kvnumba._kernels.views import views
 from kvnumba._kernels.windows import drops_on_append, first_needed, windowed
 from kvnumba._state import (
@@ -32,11 +32,6 @@ from kvnumba._state import (
     M_PREFIX_CACHING,
     NIL,
     NULL_BLOCK,
-    S_EV_N,
-    S_EVT_N,
-    S_FAILED,
-    S_MAP_N,
-    S_UNMAP_N,
 )
 from kvnumba.errors import ST_BAD_KEY_COUNT, ST_BAD_KEY_POSITION, ST_KEY_CONFLICT, ST_OK
 
@@ -107,23 +102,16 @@ def lookup_keys(v, keys, row, salt, prompt, length, has_tokens, limit, hits):
     if v.meta[M_PREFIX_CACHING] == 0:
         return PromptHits(0, 0, limit)
     block_size = v.tokens.shape[1]
-    num_hits = 0
-    num_cached = 0
+    walked = PromptHits(0, 0, limit)
     win = windowed(v)
     for pos in range(limit):
         probe = prompt[pos * block_size : (pos + 1) * block_size] if has_tokens else prompt[:0]
         h = key_hash(keys, row + pos, v.meta[M_HASH_BITS])
         b = table_find_key(v, h, salt, keys, row + pos, probe, has_tokens)
-        if win:
-            hits[pos] = b  # a window's hit is decided once every position is looked up
-            continue
-        if b < 0:
+        walked, go_on = walk_hit(v, hits, walked, pos, b, win)
+        if not go_on:
             break
-        hits[num_hits] = b
-        num_hits += 1
-        if v.ref[b] == 0:
-            num_cached += 1
-    return PromptHits(num_hits, num_cached, limit)
+    return walked
 
 
 @out_of_line
@@ -234,8 +222,7 @@ def run_set_keys(ids, starts, counts, keys, slots, arena, scratch):
                 # A shared block is given another key by an earlier row of this call.
                 return Outcome(ST_KEY_CONFLICT, i, 0, 0, 0)
             row += 1
-    for name in (S_EV_N, S_EVT_N, S_MAP_N, S_UNMAP_N, S_FAILED):
-        v.scr[name] = 0
+    clear_call_records(v.scr)
     registered = 0
     row = 0
     for i in range(n):

@@ -2,7 +2,8 @@
 
 A worker returns one of these NamedTuples (built in compiled code, never boxed) and its caller
 reads the fields by name. The entry kernels turn them into the plain tuples the facade reads
-(``entry.STATUS`` ...): boxing a named tuple at the Python boundary would cost every call.
+through the decoders of ``kvnumba.kernels`` (``RESULTS``): boxing a named tuple at the Python
+boundary would cost every call.
 """
 
 from typing import NamedTuple

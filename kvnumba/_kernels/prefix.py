@@ -11,6 +11,7 @@ import numpy as np
 
 from kvnumba._kernels.events import EVENT_REMOVED, note_event
 from kvnumba._kernels.jit import inlined, out_of_line
+from kvnumba._kernels.outcomes import PromptHits
 from kvnumba._kernels.undo import set_logged
 from kvnumba._state import EMPTY, FIELD, M_REGISTERED, NIL, S_EV_N
 
@@ -170,3 +171,20 @@ def table_remove(v, b):
     _delete_at(htab, v.block_hash, v.ev_hash, i, mask)
     v.meta[M_REGISTERED] -= 1
     note_event(v, EVENT_REMOVED, b)
+
+
+@inlined
+def walk_hit(v, hits, walked, pos, b, win):
+    """One position ``pos`` of a walk over a prompt's leading blocks, whose lookup found block
+    ``b`` (``NIL``: a miss); returns the walk's :class:`.PromptHits` so far and whether it
+    goes on. A windowed manager's walk keeps every position's lookup in ``hits[pos]`` (its
+    rules decide once all are known); any other walk stops at the first miss and counts the
+    hits, and those at refcount 0 (cached blocks the prompt would claim)."""
+    if win:
+        hits[pos] = b
+        return walked, True
+    if b < 0:
+        return walked, False
+    hits[walked.found] = b
+    cached = walked.cached + 1 if v.ref[b] == 0 else walked.cached
+    return PromptHits(walked.found + 1, cached, walked.queries), True

@@ -10,20 +10,23 @@ import numpy as np
 from kvnumba._kernels.carve import carve
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.physical_pages import pool_give, pool_take, pool_views
-from kvnumba._kernels.undo import U_POOL_FREE, U_POOL_GIVE, U_POOL_HEAD, U_POOL_TAKE, U_TOKROW
+from kvnumba._kernels.undo import (
+    U_POOL_FREE,
+    U_POOL_GIVE,
+    U_POOL_HEAD,
+    U_POOL_TAKE,
+    U_TOKROW,
+    clear_call_records,
+)
 from kvnumba._kernels.views import header_entry, views
 from kvnumba._state import (
     H_ITEMSIZE,
     H_OFFSET,
     M_CLIENT,
-    S_EV_N,
     S_EV_PAYLOAD,
-    S_EVT_N,
     S_LOG_N,
     S_LOG_ON,
-    S_MAP_N,
     S_SAVED_PAYLOAD,
-    S_UNMAP_N,
 )
 
 
@@ -76,10 +79,7 @@ def rollback(arena, scratch, pool):
         v.meta[j] = v.meta_save[j]
     scr[S_LOG_N] = 0
     scr[S_LOG_ON] = 0
-    scr[S_EV_N] = 0
-    scr[S_EVT_N] = 0
-    scr[S_MAP_N] = 0
-    scr[S_UNMAP_N] = 0
+    clear_call_records(scr)
 
 
 @out_of_line

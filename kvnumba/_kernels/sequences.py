@@ -15,7 +15,7 @@ from kvnumba._kernels.blocks import drop_ref
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.outcomes import Status
-from kvnumba._kernels.undo import log_write
+from kvnumba._kernels.undo import clear_call_records, log_write
 from kvnumba._kernels.views import VIEWS, views
 from kvnumba._state import (
     FIELD,
@@ -26,13 +26,8 @@ from kvnumba._state import (
     M_SLOT_TOP,
     NIL,
     NULL_BLOCK,
-    S_EV_N,
-    S_EVT_N,
-    S_FAILED,
-    S_MAP_N,
     S_RELEASE_LEN,
     S_STAMP,
-    S_UNMAP_N,
 )
 from kvnumba.errors import (
     ST_DUPLICATE_ID,
@@ -148,11 +143,7 @@ def run_release(slots, arena, scratch, pool):
     block_size = v.tokens.shape[1]
     # A release unmaps pages but never evicts, maps or fails part-way: the facade delivers
     # this call's records like any other call's.
-    v.scr[S_UNMAP_N] = 0
-    v.scr[S_EV_N] = 0
-    v.scr[S_EVT_N] = 0
-    v.scr[S_MAP_N] = 0
-    v.scr[S_FAILED] = 0
+    clear_call_records(v.scr)
     for i in range(slots.shape[0]):
         slot = slots[i]
         v.scr[S_RELEASE_LEN] = v.seq_len[slot]  # what a priority policy sees as the length

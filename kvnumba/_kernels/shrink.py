@@ -13,6 +13,7 @@ from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.outcomes import Outcome, Status
 from kvnumba._kernels.prefix import table_purge_evicted, table_remove
 from kvnumba._kernels.sequences import resolve_ids
+from kvnumba._kernels.undo import clear_call_records
 from kvnumba._kernels.views import views
 from kvnumba._kernels.windows import drop_window, window_gap, windowed
 from kvnumba._state import (
@@ -24,11 +25,7 @@ from kvnumba._state import (
     NULL_BLOCK,
     S_EV_N,
     S_EV_PAYLOAD,
-    S_EVT_N,
-    S_FAILED,
-    S_MAP_N,
     S_RELEASE_LEN,
-    S_UNMAP_N,
 )
 from kvnumba.errors import (
     ST_BAD_BLOCK,
@@ -39,16 +36,6 @@ from kvnumba.errors import (
     ST_TOKEN_MISMATCH,
     ST_WINDOW_GAP,
 )
-
-
-@out_of_line
-def _begin(v):
-    """Clear the per-call records (evictions, pages mapped and unmapped, partial failures)."""
-    v.scr[S_EV_N] = 0
-    v.scr[S_EVT_N] = 0
-    v.scr[S_MAP_N] = 0
-    v.scr[S_UNMAP_N] = 0
-    v.scr[S_FAILED] = 0
 
 
 @out_of_line
@@ -71,7 +58,7 @@ def run_release_window(ids, lengths, slots, arena, scratch, pool):
     for i in range(ids.shape[0]):
         if lengths[i] > v.seq_len[slots[i]]:
             return Outcome(ST_BAD_NEW_LEN, i, 0, 0, 0)
-    _begin(v)
+    clear_call_records(v.scr)
     released = 0
     for i in range(ids.shape[0]):
         released += drop_window(arena, scratch, pool, slots[i], lengths[i])
@@ -103,7 +90,7 @@ def run_truncate(ids, new_lens, slots, arena, scratch, pool):
         for i in range(ids.shape[0]):
             if new_lens[i] < seq_len[slots[i]] and window_gap(v, slots[i], new_lens[i]) >= 0:
                 return Status(ST_WINDOW_GAP, i)
-    _begin(v)
+    clear_call_records(v.scr)
     block_size = v.tokens.shape[1]
     for i in range(ids.shape[0]):
         slot = slots[i]
@@ -152,7 +139,7 @@ def run_evict(blocks, arena, scratch, pool):
     rows = min(blocks.shape[0], v.meta[M_CACHED])
     if _records_short(v, rows):
         return Outcome(ST_NEED_BUFFERS, -1, rows, 0, 0)
-    _begin(v)
+    clear_call_records(v.scr)
     count = 0
     for i in range(blocks.shape[0]):
         b = blocks[i]
@@ -176,7 +163,7 @@ def run_reset_prefix_cache(arena, scratch, pool):
     rows = meta[M_CACHED]
     if _records_short(v, rows):
         return Outcome(ST_NEED_BUFFERS, -1, rows, 0, 0)
-    _begin(v)
+    clear_call_records(v.scr)
     count = 0
     while meta[M_LRU_HEAD] != NIL:
         evict_to_free(v, meta[M_LRU_HEAD])

@@ -16,7 +16,17 @@ from numba import int64, void
 
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.views import VIEWS, array_type
-from kvnumba._state import S_LOG_N, S_LOG_ON
+from kvnumba._state import (
+    S_EV_N,
+    S_EV_PAYLOAD,
+    S_EVT_N,
+    S_FAILED,
+    S_LOG_N,
+    S_LOG_ON,
+    S_MAP_N,
+    S_SAVED_PAYLOAD,
+    S_UNMAP_N,
+)
 from kvnumba.eviction import PRIORITY_CODE
 
 # Writes that are not a single element of a state field:
@@ -35,6 +45,30 @@ _PER_BLOCK = 18
 _PER_BLOCK_PAGED = _PER_BLOCK + 20
 _PER_SEQUENCE = 8
 _PER_PAGE = 16
+
+
+@inlined(void(int64[::1]))
+def clear_call_records(scr):
+    """Start a call's records empty: evictions, events, pages mapped and unmapped, and the
+    flag of a partial failure (what the facade reads once the call returned)."""
+    scr[S_EV_N] = 0
+    scr[S_EVT_N] = 0
+    scr[S_MAP_N] = 0
+    scr[S_UNMAP_N] = 0
+    scr[S_FAILED] = 0
+
+
+@inlined(void(VIEWS))
+def start_log(v):
+    """Switch the undo log on for a call: ``meta`` saved whole, the log empty, and every
+    eviction's payload kept (a rollback restores it); the payload switch is saved to be put
+    back when the call ends."""
+    for j in range(v.meta.shape[0]):
+        v.meta_save[j] = v.meta[j]
+    v.scr[S_LOG_N] = 0
+    v.scr[S_LOG_ON] = 1
+    v.scr[S_SAVED_PAYLOAD] = v.scr[S_EV_PAYLOAD]
+    v.scr[S_EV_PAYLOAD] = 1
 
 
 # Reached only in logged calls (log_write tests the switch inline), so out of line: every
