@@ -10,7 +10,7 @@ pure-Python model) does not load numba.
 
 from __future__ import annotations
 
-from kvnumba._state import NULL_BLOCK
+from kvnumba._layout import NULL_BLOCK
 from kvnumba.errors import (
     CallbackError,
     InvalidGeometry,
@@ -32,7 +32,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "BlockManager": "kvnumba.manager",
     "Sequence": "kvnumba.sequence",
-    "PagePool": "kvnumba.physical_pages",
+    "PagePool": "kvnumba.pages.pool",
 }
 
 __all__ = [

@@ -16,7 +16,7 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._kernels.undo import give_up_log_rows, policy_log_rows, undo_log_rows
-from kvnumba._state import (
+from kvnumba._layout import (
     M_ALLOCATIONS,
     M_CACHED,
     M_COW_COPIES,
@@ -40,8 +40,8 @@ from kvnumba._state import (
     scratch_dims,
     state_dims,
 )
-from kvnumba._virtual_pages import check_pages
 from kvnumba.inputs import check_state_bytes, positive_int, switch
+from kvnumba.pages.member import check_pages
 from kvnumba.results import Stats
 from kvnumba.windows import group_geometry, window_geometry
 

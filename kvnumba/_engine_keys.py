@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvnumba._layout import EVT_BLOCK, EVT_KEY0, EVT_KIND
 from kvnumba._pipeline import failure
-from kvnumba._state import EVT_BLOCK, EVT_KEY0, EVT_KIND
 from kvnumba.inputs import (
     CAP_NONE,
     NO_KEYS,

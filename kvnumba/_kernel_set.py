@@ -116,6 +116,7 @@ class KernelSet:
     k_append_one_keys: Kernel
     k_admit_one: Kernel
     k_admit_one_keys: Kernel
+    k_lookup_one: Kernel
     k_lookup_one_keys: Kernel
     k_give_up: Kernel
     k_commit_give_up: Kernel

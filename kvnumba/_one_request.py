@@ -16,7 +16,7 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._engine_keys import key_array
-from kvnumba._state import NULL_BLOCK
+from kvnumba._layout import NULL_BLOCK
 from kvnumba.ids import split_id
 from kvnumba.inputs import CAP_NONE, INT64, NO_KEYS, NO_TOKENS, UINT64, index_array
 from kvnumba.kernels import (
@@ -187,17 +187,22 @@ class OneRequest:
         seq_ids = int(ids) if ids.ndim == 0 else tuple(int(i) for i in ids)
         return seq_ids, int(result.num_cached_tokens[0])
 
-    def lookup_one(self, *, length, salt=0, keys, max_hit_blocks=None) -> np.ndarray:
-        """The blocks ``admit_one(None, length=..., keys=...)`` would reuse now, claiming
-        nothing (``block_keys=True``; the one-request form of ``lookup``).
+    def lookup_one(
+        self, tokens=None, *, length=None, salt=0, keys=None, max_hit_blocks=None
+    ) -> np.ndarray:
+        """The blocks ``admit_one`` would reuse now for the same prompt, claiming nothing (the
+        one-request form of ``lookup``): by its ``tokens``, or by ``length`` and engine ``keys``
+        (``block_keys=True``).
 
         Parameters
         ----------
-        length : int
-            The prompt's length.
+        tokens : 1-D integer array-like, optional
+            The prompt's token ids (a manager without ``block_keys``).
+        length : int, optional
+            The prompt's length: required with ``keys``; with ``tokens``, their number.
         salt : int, default 0
             Cache salt.
-        keys : integer array-like of shape (K, 4)
+        keys : integer array-like of shape (K, 4), optional
             The engine keys of the prompt's first K full blocks.
         max_hit_blocks : int, optional
             Cap on the blocks reported.
@@ -210,11 +215,12 @@ class OneRequest:
         Raises
         ------
         SequenceTooLong, ValueError, TypeError
-            As ``lookup``.
+            As ``lookup``; ``ValueError`` without tokens or keys.
         """
         # An engine's common call first, with the fewest tests, as in admit_one.
         if (
-            self.block_keys
+            tokens is None
+            and self.block_keys
             and not self.windowed
             and max_hit_blocks is None
             and type(keys) is np.ndarray
@@ -228,19 +234,34 @@ class OneRequest:
             r = self.kernels.k_lookup_one_keys(length, salt, keys, CAP_NONE, *self.arenas.one_args)
             if status_of(r) == 0:
                 return values_of(r)
-        length, salt = as_int(length, "length"), as_int(salt, "salt")
+        salt = as_int(salt, "salt")
         cap = CAP_NONE if max_hit_blocks is None else as_int(max_hit_blocks, "max_hit_blocks")
-        keys = key_array(keys)
-        if self.block_keys and not self.windowed and cap >= 0 and 1 <= length <= self.max_seq_len:
-            r = self.kernels.k_lookup_one_keys(length, salt, keys, cap, *self.arenas.one_args)
-            if status_of(r) == 0:
-                return values_of(r)
+        if tokens is not None:
+            tokens_in = index_array(tokens, "tokens")
+            length = tokens_in.shape[0] if length is None else as_int(length, "length")
+            fits = cap >= 0 and 1 <= length <= self.max_seq_len
+            if keys is None and not self.block_keys and not self.windowed and fits:
+                if length == tokens_in.shape[0]:
+                    r = self.kernels.k_lookup_one(tokens_in, salt, cap, *self.arenas.one_args)
+                    if status_of(r) == 0:
+                        return values_of(r)
+        else:
+            if keys is None or length is None:
+                raise ValueError("lookup_one needs tokens, or a length and keys")
+            tokens_in, length = None, as_int(length, "length")
+        if keys is not None:
+            keys = key_array(keys)
+            fits = cap >= 0 and 1 <= length <= self.max_seq_len
+            if tokens is None and self.block_keys and not self.windowed and fits:
+                r = self.kernels.k_lookup_one_keys(length, salt, keys, cap, *self.arenas.one_args)
+                if status_of(r) == 0:
+                    return values_of(r)
         result = self.engine_keys.lookup(
-            None,
+            tokens_in,
             [length],
             salts=[salt],
             keys=keys,
-            key_counts=[keys.shape[0]],
+            key_counts=None if keys is None else [keys.shape[0]],
             max_hit_blocks=max_hit_blocks,
         )
         # -1 pads the row; a windowed prompt's leading NULL_BLOCK entries count as cached. With

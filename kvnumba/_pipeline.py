@@ -17,7 +17,7 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._kernel_set import Lazy, ready
-from kvnumba._state import M_ID_TAG, M_SLOT_TOP, S_FAILED, S_LOG_ON
+from kvnumba._layout import M_ID_TAG, M_SLOT_TOP, S_FAILED, S_LOG_ON
 from kvnumba.ids import split_id
 from kvnumba.kernels import bad_of, count_of, head_of, needed_of, status_of, values_of
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 #: The policies built into the kernels.
 BUILTIN_POLICIES = ("lru", "lfu", "sieve", "leaf-lru")
 #: Priority policies kvnumba ships (:mod:`kvnumba.policies`, written with :mod:`kvnumba.priority`).
-SHIPPED_POLICIES = ("t-lru", "rlt", "leaf-lfu")
+SHIPPED_POLICIES = ("t-lru", "rlt", "leaf-lfu", "gdsf")
 #: Policies a :class:`kvnumba.BlockManager` can be built with by name; ``"lru"`` is the default.
 #: A :class:`kvnumba.priority.PriorityPolicy` (or ``"module:attribute"`` naming one) is accepted
 #: too.

@@ -63,6 +63,7 @@ SIGNATURES = {
     "k_append_one_keys": (_INT, _INT, _INT, _KEYS),
     "k_admit_one": (_VEC, _INT, _INT),
     "k_admit_one_keys": (_INT, _INT, _KEYS, _INT),
+    "k_lookup_one": (_VEC, _INT, _INT),
     "k_lookup_one_keys": (_INT, _INT, _KEYS, _INT),
     # Managers on a page pool: the pool's arena is a third arena argument.
     "k_append_paged": (_VEC, _VEC, _VEC, _BOOL, _BOOL, _INT),
@@ -161,8 +162,8 @@ class AdmitOneLayout(NamedTuple):
 
 
 class ReadLayout(NamedTuple):
-    """``k_block_tables``, ``k_seq_lens``, ``k_fork`` (the children), ``k_lookup_one_keys``
-    (the hit blocks): status, offending input, the array read or made."""
+    """``k_block_tables``, ``k_seq_lens``, ``k_fork`` (the children), ``k_lookup_one`` and
+    ``k_lookup_one_keys`` (the hit blocks): status, offending input, the array read or made."""
 
     status: int
     bad: int
@@ -234,6 +235,7 @@ RESULTS: dict[str, type] = {
     "k_append_one_keys": AppendOneLayout,
     "k_admit_one": AdmitOneLayout,
     "k_admit_one_keys": AdmitOneLayout,
+    "k_lookup_one": ReadLayout,
     "k_lookup_one_keys": ReadLayout,
     "k_give_up": CountOnlyLayout,
     "k_commit_give_up": NoneLayout,
@@ -297,6 +299,7 @@ LAZY = frozenset(
         "k_append_one_keys",
         "k_admit_one",
         "k_admit_one_keys",
+        "k_lookup_one",
         "k_lookup_one_keys",
         "k_set_next_use",
         "k_set_tags",
@@ -309,7 +312,14 @@ LRU = tuple(name for name in SIGNATURES if name not in POLICY_ONLY)
 #: The one-request kernels (``append_one``, ``admit_one``): never run on a page pool; they take
 #: each arena as its address and size.
 ONE_REQUEST = frozenset(
-    {"k_append_one", "k_append_one_keys", "k_admit_one", "k_admit_one_keys", "k_lookup_one_keys"}
+    {
+        "k_append_one",
+        "k_append_one_keys",
+        "k_admit_one",
+        "k_admit_one_keys",
+        "k_lookup_one",
+        "k_lookup_one_keys",
+    }
 )
 #: Kernels taking the page pool's arena after the manager's two.
 PAGED = frozenset(name for name in SIGNATURES if "paged" in name or "give_up" in name)

@@ -8,7 +8,7 @@ owns (``docs/design.md``, "Layers"):
 - :class:`~kvnumba._pipeline.CallPipeline`: run, retry, roll back, raise, deliver callbacks;
 - :class:`~kvnumba._engine_keys.EngineKeys`: engine keys and block events;
 - :class:`~kvnumba._one_request.OneRequest`: the one-request calls past their fast path;
-- :class:`~kvnumba._virtual_pages.PageSide`: membership of a page pool (None without one).
+- :class:`~kvnumba.pages.member.PageSide`: membership of a page pool (None without one).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from kvnumba._arenas import Arenas, check_arena_bytes, validated_geometry
 from kvnumba._engine_keys import EngineKeys
 from kvnumba._kernel_set import KernelSet
 from kvnumba._kernels.check import MESSAGES
+from kvnumba._layout import M_LIVE_SEQS, S_FAILED
 from kvnumba._one_request import OneRequest
 from kvnumba._pipeline import CallPipeline, Facts, part_call
-from kvnumba._policy import EvictionPolicy
-from kvnumba._state import M_LIVE_SEQS, S_FAILED
-from kvnumba._virtual_pages import PageSide
+from kvnumba._policy_hints import PolicyHints
 from kvnumba.eviction import PRIORITY_CODE, policy_code
 from kvnumba.ids import new_tag
 from kvnumba.inputs import (
@@ -55,6 +54,7 @@ from kvnumba.kernels import (
     values_of,
     violation_of,
 )
+from kvnumba.pages.member import PageSide
 from kvnumba.priority import resolve as resolve_priority
 from kvnumba.results import AdmitResult, AppendResult, Stats
 from kvnumba.windows import KVCacheGroup
@@ -203,7 +203,7 @@ class BlockManager:
         extended = geometry.eviction != 0 or geometry.windowed
         self._groups = len(geometry.groups)
         self._kernels = KernelSet(page_pool is not None, policy=extended)
-        self._policy = EvictionPolicy(geometry, self._arenas, self._kernels, priority)
+        self._policy = PolicyHints(geometry, self._arenas, self._kernels, priority)
         self._facts = Facts(self._arenas, self._kernels)
         self._keys = EngineKeys(self._arenas, self._kernels, self._facts, block_keys, block_events)
         parts = (self._arenas, self._kernels, self._keys, self._facts, on_evict)
@@ -476,8 +476,8 @@ class BlockManager:
         blocks = index_array(block_ids, "block_ids")
         return self._pipeline.run_evicting(self._kernels.k_evict, (blocks,), block_ids=blocks)
 
-    set_next_use = part_call("_policy", EvictionPolicy.set_next_use)
-    set_tags = part_call("_policy", EvictionPolicy.set_tags)
+    set_next_use = part_call("_policy", PolicyHints.set_next_use)
+    set_tags = part_call("_policy", PolicyHints.set_tags)
 
     def reset_prefix_cache(self) -> int:
         """Evict every cached block and unregister those live sequences hold, so that nothing

@@ -20,6 +20,17 @@ policy takes (``docs/eviction.md``, "Your own policy"). Smaller priorities are e
     key: a block gets the phase after the latest victim's when it is released (marked), and a
     pseudo-random low half, a hash of block and stamp, so that runs are reproducible. Orphans
     (no prompt can reach them) go first. Blocks, not tokens, are the unit.
+``gdsf``: GreedyDual-Size-Frequency over the leaves, costed by position
+    Cherkasova, *Improving WWW Proxies Performance with Greedy-Dual-Size-Frequency Caching
+    Policy* (HP Labs HPL-98-69R1, 1998). A cached object's key is ``L + frequency * cost /
+    size``, where ``L`` (the aging) is the key of the latest victim; the lowest key goes. Here
+    every block has one size, the frequency is ``1 + hits``, and the cost is what recomputing
+    the block's tokens takes: a token's linear layers cost the same at every position, its
+    attention grows with the context before it, so the block at depth ``d`` costs
+    ``linear_tokens + d * block_size`` units (``linear_tokens`` is the context at which a
+    token's attention costs as much as the rest of its layers). Deep blocks of a long shared
+    context are dearer to lose than the first blocks of a short chat. Leaves only, orphans
+    first, as ``leaf-lfu``.
 ``leaf-lfu``: LFU with aging over the leaves (this project's)
     GreedyDual's aging (the key of the latest victim) plus one per use since registration,
     among leaves only: a block hit often keeps its place, a prefix is never cut under a
@@ -33,7 +44,7 @@ from numba import njit
 
 from kvnumba.priority import PriorityPolicy
 
-__all__ = ["SHIPPED", "leaf_lfu", "rlt", "t_lru"]
+__all__ = ["SHIPPED", "gdsf", "leaf_lfu", "rlt", "t_lru"]
 
 #: How far above every LRU stamp the protected blocks of ``t-lru`` sort.
 _PROTECTED = 1 << 40
@@ -115,5 +126,35 @@ def leaf_lfu() -> PriorityPolicy:
     return PriorityPolicy(leaf_lfu_priority, name="leaf-lfu", leaves_only=True)
 
 
+def gdsf(linear_tokens: int = 32768) -> PriorityPolicy:
+    """GreedyDual-Size-Frequency over the leaves, costed by position (see the module notes).
+
+    Parameters
+    ----------
+    linear_tokens : int, default 32768
+        The context length at which one token's attention costs as much as the rest of its
+        layers: the weight of a block's position in its cost. About 32,768 for a model of
+        Llama-3-8B's shape (its per-token linear layers against attention over the context), an
+        assumption to set per model; a large value makes every block cost about the same
+        (``leaf-lfu``'s order).
+
+    Returns
+    -------
+    PriorityPolicy
+        Named ``"gdsf"``, leaves only.
+    """
+    base = int(linear_tokens)
+    if base < 1:
+        raise ValueError("linear_tokens must be >= 1")
+
+    @njit
+    def gdsf_priority(f):
+        if f.orphan:
+            return -1
+        return f.age + (1 + f.hits) * (base + f.depth * f.block_size)
+
+    return PriorityPolicy(gdsf_priority, name="gdsf", leaves_only=True)
+
+
 #: The shipped policies with their default parameters, by name.
-SHIPPED = {p.name: p for p in (t_lru(), rlt(), leaf_lfu())}
+SHIPPED = {p.name: p for p in (t_lru(), rlt(), leaf_lfu(), gdsf())}

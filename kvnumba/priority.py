@@ -32,7 +32,7 @@ from numba import njit, types
 from numba.core import config
 from numba.core.registry import CPUDispatcher
 
-from kvnumba._state import REKEY_CHILDREN, REKEY_NEXT_USE, REKEY_ORPHAN, REKEY_TAG
+from kvnumba._layout import REKEY_CHILDREN, REKEY_NEXT_USE, REKEY_ORPHAN, REKEY_TAG
 
 __all__ = ["BlockFeatures", "PriorityPolicy", "priority_policy", "resolve"]
 
@@ -221,7 +221,7 @@ class PriorityPolicy:
 
     def rekey_triggers(self) -> int:
         """The feature changes after which the kernels compute a cached block's priority again
-        (``REKEY_*`` bits of ``kvnumba._state``): those of a feature the function reads, and all
+        (``REKEY_*`` bits of ``kvnumba._layout``): those of a feature the function reads, and all
         of them if it reads ``clock`` or ``age``, whose values differ at every call. Skipping
         the others cannot change a priority, so it changes no victim.
 

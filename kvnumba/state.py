@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvnumba import _state
-from kvnumba._state import NIL, NULL_BLOCK, State
+from kvnumba import _layout as _state
+from kvnumba._layout import NIL, NULL_BLOCK, State
 from kvnumba.ids import slot_bits, split_id
 
 __all__ = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvnumba._state import MAX_GROUPS, NULL_BLOCK
+from kvnumba._layout import MAX_GROUPS, NULL_BLOCK
 from kvnumba.errors import InvalidGeometry
 
 __all__ = [

@@ -43,7 +43,7 @@ def test_importing_kvnumba_touches_no_file(tmp_path):
 
     cache = tmp_path / "numba-cache"
     code = (
-        "import kvnumba, kvnumba.manager, kvnumba.physical_pages, kvnumba.kernels, "
+        "import kvnumba, kvnumba.manager, kvnumba.pages.pool, kvnumba.kernels, "
         "kvnumba.state, kvnumba.sim, kvnumba.bench"
     )
     env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(cache)}

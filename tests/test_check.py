@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvnumba import BlockManager, InvariantViolation
-from kvnumba._state import M_CACHED, M_FREE_TOP, M_LIVE_SEQS, M_REGISTERED, M_SLOT_TOP, M_USED
+from kvnumba._layout import M_CACHED, M_FREE_TOP, M_LIVE_SEQS, M_REGISTERED, M_SLOT_TOP, M_USED
 from kvnumba.ids import split_id
 from kvnumba.state import BlockFlag
 
@@ -32,7 +32,7 @@ def first_free(mgr):
 
 
 def first_cached(mgr):
-    from kvnumba._state import M_LRU_HEAD
+    from kvnumba._layout import M_LRU_HEAD
 
     return int(mgr._arenas.s.meta[M_LRU_HEAD])
 

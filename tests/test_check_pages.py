@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvnumba import BlockManager, InvariantViolation, PagePool
-from kvnumba._state import (
+from kvnumba._layout import (
     M_BUCKET_MIN,
     M_CO_COUNT,
     M_CO_TAIL,

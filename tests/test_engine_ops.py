@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kvnumba
-from kvnumba._state import F_HASHED, F_REGISTERED, M_FREE_TOP, M_LRU_HEAD, M_REGISTERED, NIL
+from kvnumba._layout import F_HASHED, F_REGISTERED, M_FREE_TOP, M_LRU_HEAD, M_REGISTERED, NIL
 
 
 def lru(mgr) -> list[int]:

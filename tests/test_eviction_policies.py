@@ -22,7 +22,7 @@ from eviction_scenarios import hold, make, use
 
 import kvnumba
 from kvnumba import InvariantViolation, PoolExhausted
-from kvnumba._state import (
+from kvnumba._layout import (
     F_ORPHAN,
     F_VISITED,
     L_GEN,
@@ -354,7 +354,7 @@ _BUGGY_VICTIM = """
 import numpy as np
 import kvnumba
 from kvnumba._kernels import blocks
-from kvnumba._state import M_LRU_TAIL
+from kvnumba._layout import M_LRU_TAIL
 
 policy, bug = {policy!r}, {bug!r}
 mgr = kvnumba.BlockManager(8, 2, max_seqs=8, eviction=policy)

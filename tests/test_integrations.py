@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvnumba._engine_keys import hash_to_key
-from kvnumba.integrations.engine_keys import hash_from_key, keys_from_hashes, keys_from_runs
+from kvnumba.integrations.block_hashes import hash_from_key, keys_from_hashes, keys_from_runs
 from kvnumba.integrations.vllm_version import (
     OVERRIDE_ENV,
     SUPPORTED_RANGE,

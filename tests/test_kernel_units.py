@@ -46,7 +46,7 @@ from kvnumba._kernels.rollback import rollback
 from kvnumba._kernels.undo import NOT_LOGGED, U_TOKROW, log_write, set_logged
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_in_page, take_from_pages
-from kvnumba._state import (
+from kvnumba._layout import (
     EMPTY,
     FIELD,
     HEADER_BYTES,

@@ -41,7 +41,7 @@ class Probe:
     def lru(self) -> list[int]:
         if self.model:
             return self.mgr.lru_blocks()
-        from kvnumba._state import M_LRU_HEAD, NIL
+        from kvnumba._layout import M_LRU_HEAD, NIL
 
         state, order = self.mgr.state, []
         b = int(state.meta[M_LRU_HEAD])
@@ -53,7 +53,7 @@ class Probe:
     def free(self) -> list[int]:
         if self.model:
             return self.mgr.free_blocks()
-        from kvnumba._state import M_FREE_TOP
+        from kvnumba._layout import M_FREE_TOP
 
         state = self.mgr.state
         return state.free_stack[: state.meta[M_FREE_TOP]].tolist()

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import kvnumba
 from kvnumba import PagePool, PoolExhausted, SequenceReleased, SequenceTooLong
-from kvnumba._state import CALL_ROOM_INPUTS, CALL_ROOM_MAX_HITS, M_ID_TAG
+from kvnumba._kernel_set import Lazy
+from kvnumba._layout import CALL_ROOM_INPUTS, CALL_ROOM_MAX_HITS, M_ID_TAG
 from kvnumba.ids import ID_TAG_SHIFT
 
 
@@ -472,3 +473,47 @@ def test_the_model_answers_the_one_request_calls_as_the_kernels_do(ops):
                 model.table_row(pair[1]).tolist()
             )
         kernels.check()
+
+
+def test_lookup_one_by_tokens_matches_lookup_and_the_model():
+    """A manager without engine keys looks one prompt up by its tokens in its own kernel: the
+    hits of the batched ``lookup`` and of the reference model, with caps and salts."""
+    from kvnumba.reference import ReferenceBlockManager
+
+    managers = [
+        cls(16, 2, max_seqs=8, max_seq_len=32)
+        for cls in (kvnumba.BlockManager, ReferenceBlockManager)
+    ]
+    for m in managers:
+        first = m.admit(list(range(9)), [9]).ids
+        m.release(first)
+        m.admit([50, 51, 52], [3], salts=[7])
+    cases = [
+        (list(range(9)), 0, None),
+        (list(range(9)), 0, 2),
+        (list(range(5)) + [99, 98], 0, None),
+        ([50, 51, 52], 7, None),
+        ([50, 51, 52], 0, None),
+        ([1], 0, None),
+    ]
+    for tokens, salt, cap in cases:
+        found = [m.lookup_one(tokens, salt=salt, max_hit_blocks=cap).tolist() for m in managers]
+        batched = managers[0].lookup(tokens, [len(tokens)], salts=[salt], max_hit_blocks=cap)
+        n = int(batched.num_cached_tokens[0]) // 2
+        assert found[0] == found[1] == batched.block_ids[0][:n].tolist(), (tokens, salt, cap)
+    assert managers[0].lookup_one(list(range(9))).tolist() == [0, 1, 2, 3]
+    # The one-request kernel served them (loaded on first use), not the batched fallback.
+    assert type(managers[0]._kernels.k_lookup_one) is not Lazy
+    for m in managers:
+        before = m.snapshot() if hasattr(m, "snapshot") else None
+        with pytest.raises(ValueError, match="tokens, or a length and keys"):
+            m.lookup_one()
+        with pytest.raises(kvnumba.SequenceTooLong):
+            m.lookup_one(list(range(33)))
+        with pytest.raises(TypeError):
+            m.lookup_one([1.5, 2.0])
+        with pytest.raises(ValueError):
+            m.lookup_one(list(range(4)), max_hit_blocks=-1)
+        if before is not None:
+            after = m.snapshot()
+            assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))

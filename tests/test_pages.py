@@ -17,7 +17,7 @@ from numba import njit
 import kvnumba
 from kvnumba import PagePool, PoolExhausted
 from kvnumba._kernels import physical_pages as K
-from kvnumba.physical_pages import process_start_time
+from kvnumba.pages.pool import process_start_time
 
 
 def same(before, after) -> None:

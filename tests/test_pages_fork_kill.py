@@ -30,7 +30,7 @@ from test_pages_managers_mp import _get  # one result, failing early if every wo
 
 from kvnumba import BlockManager, InvariantViolation, PagePool, PoolExhausted
 from kvnumba._kernels import physical_pages as K
-from kvnumba.physical_pages import process_start_time
+from kvnumba.pages.pool import process_start_time
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="needs /proc, fork and POSIX shared memory"

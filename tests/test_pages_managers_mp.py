@@ -26,7 +26,7 @@ import pytest
 
 from kvnumba import BlockManager, PagePool, PoolExhausted
 from kvnumba._kernels import physical_pages as K
-from kvnumba._state import NIL
+from kvnumba._layout import NIL
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="needs /proc and POSIX shared memory"

@@ -206,6 +206,25 @@ def test_t_lru_evicts_what_the_next_turn_can_recompute_first():
         assert victims.ids[6:8] == [tables["b"][4], tables["b"][3]], cls
 
 
+def test_gdsf_keeps_the_deeper_leaf_where_lru_and_leaf_lfu_evict_it():
+    """A five-block prompt's last block (depth 4) and a one-block prompt's (depth 0), released
+    in that order, neither hit: LRU and leaf-lfu evict the older release, the deep one; gdsf
+    evicts the shallow one, whose tokens are cheaper to compute again."""
+    expected = {"gdsf": [5, 4], "leaf-lfu": [4, 3], "lru": [4, 3]}
+    for name, victims_expected in expected.items():
+        for cls in (kvnumba.BlockManager, ReferenceBlockManager):
+            victims = Victims()
+            mgr = cls(6, 1, eviction=name, on_evict=victims)
+            a = mgr.admit(list(range(5)), [5]).ids
+            b = mgr.admit([100], [1]).ids
+            mgr.release(a)
+            mgr.release(b)
+            mgr.admit([200], [1])
+            mgr.admit([201], [1])
+            assert victims.ids == victims_expected, (name, cls)
+            mgr.check()
+
+
 def test_rlt_evicts_leaves_only_and_is_reproducible():
     runs = []
     for cls in (kvnumba.BlockManager, kvnumba.BlockManager, ReferenceBlockManager):
@@ -269,7 +288,7 @@ def test_a_priority_sees_only_cached_blocks_and_cannot_evict_a_referenced_one(bu
 
 def test_a_planted_heap_bug_under_a_priority_policy_is_caught():
     """A corrupted key (a block sorted before its heap parent) is reported by ``check()``."""
-    from kvnumba._state import L_HEAP, W_KEY
+    from kvnumba._layout import L_HEAP, W_KEY
 
     mgr = kvnumba.BlockManager(8, 1, eviction=every_feature)
     for token in range(6):
@@ -327,7 +346,7 @@ def test_features_read_never_leave_out_what_the_function_uses(fn, reads):
 
 
 def test_rekey_triggers_are_the_features_read_or_all_with_a_clock():
-    from kvnumba._state import REKEY_CHILDREN, REKEY_NEXT_USE, REKEY_ORPHAN, REKEY_TAG
+    from kvnumba._layout import REKEY_CHILDREN, REKEY_NEXT_USE, REKEY_ORPHAN, REKEY_TAG
     from kvnumba.policies import SHIPPED
 
     every = REKEY_CHILDREN | REKEY_ORPHAN | REKEY_NEXT_USE | REKEY_TAG

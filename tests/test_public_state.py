@@ -100,8 +100,8 @@ def test_every_failure_status_has_its_typed_exception():
 
 
 def test_the_page_side_implements_the_pool_member_protocol():
-    from kvnumba._coordinator import PoolMember
-    from kvnumba._virtual_pages import PageSide
+    from kvnumba.pages.coordinator import PoolMember
+    from kvnumba.pages.member import PageSide
 
     wanted = {name for name in vars(PoolMember) if not name.startswith("_")}
     wanted |= set(PoolMember.__annotations__)

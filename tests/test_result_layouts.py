@@ -90,6 +90,7 @@ def test_every_kernel_of_a_plain_manager_returns_its_layout():
     tokens_rec = Recorder(tokens_mgr)
     tokens_mgr.admit_one([1, 2, 3, 4])
     tokens_mgr.admit([5, 6], [2])
+    assert tokens_mgr.lookup_one([1, 2, 3, 4]).tolist() == [0]
     assert_layouts(rec.seen)
     assert_layouts(tokens_rec.seen)
     seen = set(rec.seen) | set(tokens_rec.seen)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import kvnumba
 from kvnumba import BlockManager, PoolExhausted, Sequence
-from kvnumba._state import M_LRU_HEAD, NIL
+from kvnumba._layout import M_LRU_HEAD, NIL
 from kvnumba.ids import make_id
 
 

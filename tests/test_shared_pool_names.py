@@ -39,12 +39,12 @@ def test_shared_pool_accepts_a_long_portable_name():
 
 
 def test_failed_shared_creation_leaves_no_lock_file(monkeypatch):
-    import kvnumba.physical_pages as pages
+    import kvnumba.pages.pool as pages
 
     def fail(*args, **kwargs):
         raise OSError("no room")
 
-    monkeypatch.setattr(pages, "open_shm", fail)  # the name physical_pages calls
+    monkeypatch.setattr(pages, "open_shm", fail)  # the name the pool module calls
     name = f"kvn-t-{uuid.uuid4().hex[:12]}"
     with pytest.raises(OSError, match="no room"):
         PagePool.shared(name, 2)

@@ -16,7 +16,7 @@ from user_policies import USER_POLICIES
 
 import kvnumba
 from kvnumba import KVCacheGroup
-from kvnumba._state import F_TRIMMED, M_FREE_TOP, M_LRU_HEAD, NIL
+from kvnumba._layout import F_TRIMMED, M_FREE_TOP, M_LRU_HEAD, NIL
 from kvnumba.eviction import BUILTIN_POLICIES, EVICTION_POLICIES
 from kvnumba.reference import ReferenceBlockManager
 from kvnumba.windows import first_needed_block
@@ -584,11 +584,17 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
                 lambda m: m.lookup_one(length=length, salt=salt, keys=keys, max_hit_blocks=cap),
                 lambda m: m.lookup(None, [length], salts=[salt], max_hit_blocks=cap, **kw),
             )
-            if look is not None:
-                # -1 pads the row (one row per KV cache group with several); a windowed
-                # prompt's leading NULL_BLOCK entries are hits.
-                hits = int(ref_look.num_cached_tokens[0]) // bs
-                assert look.tolist() == ref_look.block_ids[0][..., :hits].tolist()
+        else:
+            look, ref_look = self.pair(
+                "lookup_one",
+                lambda m: m.lookup_one(prompt, salt=salt, max_hit_blocks=cap),
+                lambda m: m.lookup(prompt, [length], salts=[salt], max_hit_blocks=cap),
+            )
+        if look is not None:
+            # -1 pads the row (one row per KV cache group with several); a windowed prompt's
+            # leading NULL_BLOCK entries are hits.
+            hits = int(ref_look.num_cached_tokens[0]) // bs
+            assert look.tolist() == ref_look.block_ids[0][..., :hits].tolist()
 
         def ref_admit(m):
             r = m.admit(tokens, [length], salts=[salt], max_hit_blocks=cap, **kw)

@@ -19,7 +19,7 @@ from user_policies import USER_POLICIES
 
 import kvnumba
 from kvnumba._kernels.physical_pages import O_CLIENT, O_VIRTUAL
-from kvnumba._state import M_CO_HEAD, NIL
+from kvnumba._layout import M_CO_HEAD, NIL
 from kvnumba.eviction import EVICTION_POLICIES
 from kvnumba.reference import ReferenceBlockManager, ReferencePagePool
 

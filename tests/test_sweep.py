@@ -568,8 +568,9 @@ def test_cli_policy_option_and_grid_file(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(sweeps, "_dask_client", None)
     argv = ["--trace", "azure", "--eviction", "lru,fifo", "--out", str(tmp_path / "o")]
     assert sweep_main(argv) == 2
-    assert "--eviction: 'fifo' is not one of lru, lfu, sieve, leaf-lru, t-lru, rlt, leaf-lfu" in (
-        capsys.readouterr().err
+    assert (
+        "--eviction: 'fifo' is not one of lru, lfu, sieve, leaf-lru, t-lru, rlt, leaf-lfu, gdsf"
+        in (capsys.readouterr().err)
     )
     grid = tmp_path / "grid.toml"
     grid.write_text('traces = ["azure"]\neviction = ["lru", "oracle"]\n')

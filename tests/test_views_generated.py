@@ -13,7 +13,7 @@ from numba import njit
 from kvnumba import BlockManager
 from kvnumba._kernels import views
 from kvnumba._kernels.carve import carve, carve_py
-from kvnumba._state import SCRATCH_FIELDS, STATE_FIELDS
+from kvnumba._layout import SCRATCH_FIELDS, STATE_FIELDS
 
 
 def test_generated_module_is_current():

@@ -1,13 +1,13 @@
 """The ``@njit(cache=True)`` kernels, one module per concern.
 
 Entry points (:mod:`.entry`, called by the facade) take the call's inputs and the two arenas of
-:mod:`kvnumba._state`; workers and helpers are described in ``docs/design.md``. Kernels never
+:mod:`kvnumba._layout`; workers and helpers are described in ``docs/design.md``. Kernels never
 raise: they return a status code from :mod:`kvnumba.errors`.
 
 Before the first kernel of a process is compiled or loaded (:func:`ensure_fresh_cache`, called
 by ``kvnumba.kernels.compiled`` and the page pool's loader), numba's on-disk cache of these
 modules is dropped if any of their sources (or the constants and rules they inline from
-``_state.py``, ``errors.py``, ``ids.py`` and ``windows.py``) changed: numba keys a cached
+``_layout.py``, ``errors.py``, ``ids.py`` and ``windows.py``) changed: numba keys a cached
 function by its own file only, and the workers here inline helpers from the other files. Importing the package
 touches no file.
 """
@@ -23,7 +23,7 @@ from numba.core.caching import _CacheLocator
 _HERE = Path(__file__).resolve().parent
 _SOURCES = (
     *sorted(_HERE.glob("*.py")),
-    *(_HERE.parent / name for name in ("_state.py", "errors.py", "ids.py", "windows.py")),
+    *(_HERE.parent / name for name in ("_layout.py", "errors.py", "ids.py", "windows.py")),
 )
 _MARKER = "kvnumba-kernels.sha256"
 

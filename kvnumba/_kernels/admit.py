@@ -29,7 +29,7 @@ from kvnumba._kernels.undo import (
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
 from kvnumba._kernels.windows import anchor_of, group_salt, window_hits_of, windowed
-from kvnumba._state import (
+from kvnumba._layout import (
     FIELD,
     M_CACHED,
     M_GROUPS,

@@ -11,7 +11,7 @@ from numba import njit
 
 from kvnumba._kernels.carve import carve
 from kvnumba._kernels.views import header_entry
-from kvnumba._state import FIELD, H_DIM0, H_OFFSET
+from kvnumba._layout import FIELD, H_DIM0, H_OFFSET
 
 
 # Inlined at numba's IR level: a helper compiled without NRT may not return an array it made.

@@ -14,7 +14,7 @@ from kvnumba._kernels.undo import clear_call_records, log_write, set_logged
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import free_now
 from kvnumba._kernels.windows import drop_window, drops_on_append, has_drops, window_gain_of
-from kvnumba._state import (
+from kvnumba._layout import (
     F_KNOWN,
     F_TRIMMED,
     FIELD,

@@ -42,7 +42,7 @@ from kvnumba._kernels.prefix import (
 )
 from kvnumba._kernels.undo import U_TOKROW, log_write, set_logged
 from kvnumba._kernels.views import VIEWS
-from kvnumba._state import (
+from kvnumba._layout import (
     F_HASHED,
     F_KNOWN,
     F_REGISTERED,

@@ -3,7 +3,7 @@
 ``arena[a:b].view(np.int32).reshape(...)`` compiles to a long run of bounds normalisation and
 dtype checks per field, and a worker that carves forty fields types and optimises all of them,
 which made up much of the quick start's compile time. The arena layout is written by
-:mod:`kvnumba._state` and checked when an arena is adopted, so a view here is just a pointer, a
+:mod:`kvnumba._layout` and checked when an arena is adopted, so a view here is just a pointer, a
 shape and C strides. It borrows the arena's memory (same ``meminfo``), like a numpy view.
 
 ``arena_at`` is the one-request calls' way in: an arena passed as its address and size, which

@@ -16,7 +16,7 @@ from kvnumba._kernels.physical_pages import O_CLIENT, O_VIRTUAL, pool_views
 from kvnumba._kernels.prefix import chain_hash, root_hash, table_find
 from kvnumba._kernels.views import header_entry, views
 from kvnumba._kernels.windows import first_needed
-from kvnumba._state import (
+from kvnumba._layout import (
     EMPTY,
     F_HASHED,
     F_KNOWN,

@@ -59,7 +59,7 @@ from kvnumba._kernels.shrink import (
     run_truncate,
 )
 from kvnumba._kernels.views import block_size_of, call_room, groups_of, scratch_slots
-from kvnumba._state import ADMIT_ONE_AT, APPEND_ONE_AT, CALL_ROOM_INPUTS
+from kvnumba._layout import ADMIT_ONE_AT, APPEND_ONE_AT, CALL_ROOM_INPUTS
 from kvnumba.errors import ST_BAD_KEY_COUNT, ST_NEED_BUFFERS, ST_OK
 
 #: Where ``k_append_one_keys`` finds the sequence's slot in ``_append_one``'s result (the
@@ -461,7 +461,7 @@ def k_check_paged(arena, scratch, pool):
 # addresses and sizes (``arena_at``), the keys of a keyed prompt as the only array, and (but for
 # ``lookup_one``, which returns its hits) carve their one-element inputs, outputs and cache hits
 # or slots out of the scratch arena's call room, laid out by ``APPEND_ONE_ROOM`` and
-# ``ADMIT_ONE_ROOM`` (``kvnumba._state``): no allocation.
+# ``ADMIT_ONE_ROOM`` (``kvnumba._layout``): no allocation.
 # The workers are append's and admit's own, for the same types.
 
 
@@ -595,6 +595,40 @@ def k_admit_one_keys(
     return _admit_one(no_tokens, length, salt, np.bool_(False), keys, cap, arena, scratch)
 
 
+@njit(cache=True, inline="always")
+def _lookup_one(tokens_in, length, salt, has_tokens, keys, cap, arena, scratch):
+    """``lookup`` of one prompt (its token ids, or its engine keys): returns (status, bad, hit
+    blocks). The prompt's cached tokens are not returned: the facade counts the hits."""
+    lengths = np.full(1, length, dtype=np.int64)
+    salts = np.full(1, salt, dtype=np.int64)
+    caps = np.full(1, cap, dtype=np.int64)
+    key_rows = KeyRows(keys, np.full(1, keys.shape[0], dtype=np.int64))
+    prompts = PromptInputs(tokens_in, lengths, salts, has_tokens, np.bool_(False))
+    check = validate_admit(prompts, key_rows, caps, np.bool_(False), arena, scratch)
+    # Room for every full block before the last token (a prompt with keys has no more hits
+    # than keys).
+    most = max(length - 1, 0) // block_size_of(arena) if has_tokens else keys.shape[0]
+    hits = np.empty((1, most), dtype=np.int64)
+    if check.status != ST_OK:
+        return check.status, check.bad, hits[0, :0]
+    # ``salts`` takes the cached tokens, which are not returned.
+    width = run_lookup(prompts, key_rows, caps, salts, hits, arena, scratch)
+    return ST_OK, -1, hits[0, :width]
+
+
+@njit(cache=True)
+def k_lookup_one(
+    tokens_in, salt, cap, arena_address, arena_nbytes, scratch_address, scratch_nbytes
+):
+    """``lookup`` of one prompt by its token ids (a manager without engine keys): returns
+    (status, bad, hit blocks). It passes no keys the way ``k_lookup_one_keys`` takes them, so the
+    two share their compiled workers (the token hashes find the hits)."""
+    arena, scratch = _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes)
+    no_keys = carve(call_room(scratch), ADMIT_ONE_AT.no_keys, (0, 4), np.uint64)[::1]
+    length = tokens_in.shape[0]
+    return _lookup_one(tokens_in, length, salt, np.bool_(True), no_keys, cap, arena, scratch)
+
+
 @njit(cache=True)
 def k_lookup_one_keys(
     length, salt, keys, cap, arena_address, arena_nbytes, scratch_address, scratch_nbytes
@@ -602,16 +636,5 @@ def k_lookup_one_keys(
     """``lookup`` of one prompt with engine keys and no token ids: returns (status, bad, hit
     blocks)."""
     arena, scratch = _arenas(arena_address, arena_nbytes, scratch_address, scratch_nbytes)
-    lengths = np.full(1, length, dtype=np.int64)
-    salts = np.full(1, salt, dtype=np.int64)
-    caps = np.full(1, cap, dtype=np.int64)
-    key_rows = KeyRows(keys, np.full(1, keys.shape[0], dtype=np.int64))
     no_tokens = np.empty(0, dtype=np.int64)
-    prompts = PromptInputs(no_tokens, lengths, salts, np.bool_(False), np.bool_(False))
-    check = validate_admit(prompts, key_rows, caps, np.bool_(False), arena, scratch)
-    hits = np.empty((1, keys.shape[0]), dtype=np.int64)
-    if check.status != ST_OK:
-        return check.status, check.bad, hits[0, :0]
-    # The prompt's cached tokens are not returned: ``salts`` takes them.
-    width = run_lookup(prompts, key_rows, caps, salts, hits, arena, scratch)
-    return ST_OK, -1, hits[0, :width]
+    return _lookup_one(no_tokens, length, salt, np.bool_(False), keys, cap, arena, scratch)

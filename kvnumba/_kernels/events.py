@@ -11,7 +11,7 @@ from numba import int64, void
 
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.views import VIEWS
-from kvnumba._state import EVT_BLOCK, EVT_KEY0, EVT_KIND, M_EVENTS, M_KEYED, S_EVT_N
+from kvnumba._layout import EVT_BLOCK, EVT_KEY0, EVT_KIND, M_EVENTS, M_KEYED, S_EVT_N
 
 EVENT_STORED = 1
 EVENT_REMOVED = 2

@@ -18,7 +18,7 @@ min-heap of evictable blocks ordered by ``(key, stamp)``; ``sieve`` a hand on th
 and a visited bit per block (the flag ``F_VISITED``: sieve has no per-block fields); the leaf
 policies a forest of cached blocks (a parent link with the parent's generation, intrusive lists
 of cached children). A policy's rows hold only the columns it reads
-(``_state.policy_columns``). All writes to the per-block fields (``pol_words`` and
+(``_layout.policy_columns``). All writes to the per-block fields (``pol_words`` and
 ``pol_links``, columns ``W_*`` and ``L_*``, and the flags) are logged, so a failed logged call
 rolls them back; the ``meta`` slots are saved whole by such a call.
 """
@@ -35,7 +35,7 @@ from kvnumba._kernels.prefix import table_find
 from kvnumba._kernels.undo import log_write, set_logged
 from kvnumba._kernels.versions import is_policy
 from kvnumba._kernels.views import Views, header_entry, views
-from kvnumba._state import (
+from kvnumba._layout import (
     F_FLOOR,
     F_ORPHAN,
     F_REGISTERED,

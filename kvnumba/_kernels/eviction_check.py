@@ -21,7 +21,7 @@ from kvnumba._kernels.eviction import (
 )
 from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.versions import is_policy
-from kvnumba._state import (
+from kvnumba._layout import (
     F_FLOOR,
     F_ORPHAN,
     F_REGISTERED,

@@ -14,7 +14,7 @@ from kvnumba._kernels.prefix import table_purge_evicted
 from kvnumba._kernels.undo import clear_call_records, set_logged, start_log
 from kvnumba._kernels.views import views
 from kvnumba._kernels.virtual_pages import unmap_page
-from kvnumba._state import (
+from kvnumba._layout import (
     F_REGISTERED,
     FIELD,
     M_CO_HEAD,

@@ -20,7 +20,7 @@ from kvnumba._kernels.sequences import resolve, resolve_ids
 from kvnumba._kernels.undo import clear_call_records, log_write, set_logged
 from kvnumba._kernels.views import views
 from kvnumba._kernels.windows import drops_on_append, first_needed, windowed
-from kvnumba._state import (
+from kvnumba._layout import (
     EMPTY,
     F_HASHED,
     F_KNOWN,

@@ -23,7 +23,7 @@ from numba import int64, types, void
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.undo import NOT_LOGGED, log_write, set_logged
 from kvnumba._kernels.views import VIEWS, array_type
-from kvnumba._state import (
+from kvnumba._layout import (
     FIELD,
     M_BUCKET_MIN,
     M_CACHED,

@@ -20,7 +20,7 @@ from kvnumba._kernels.virtual_pages import evicted_to_page as _evicted_to_page
 from kvnumba._kernels.virtual_pages import free_in_page as _free_in_page
 from kvnumba._kernels.virtual_pages import page_gain_ref as _page_gain_ref
 from kvnumba._kernels.virtual_pages import take_from_pages as _take_from_pages
-from kvnumba._state import NIL
+from kvnumba._layout import NIL
 
 
 def take_from_pages(v):

@@ -13,7 +13,7 @@ from kvnumba._kernels.events import EVENT_REMOVED, note_event
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.outcomes import PromptHits
 from kvnumba._kernels.undo import set_logged
-from kvnumba._state import EMPTY, FIELD, M_REGISTERED, NIL, S_EV_N
+from kvnumba._layout import EMPTY, FIELD, M_REGISTERED, NIL, S_EV_N
 
 _ROOT = np.uint64(0x6A09E667F3BCC908)  # parent hash of a sequence's first block
 _SALT_KEY = np.uint64(0xBB67AE8584CAA73B)

@@ -19,7 +19,7 @@ from kvnumba._kernels.undo import (
     clear_call_records,
 )
 from kvnumba._kernels.views import header_entry, views
-from kvnumba._state import (
+from kvnumba._layout import (
     H_ITEMSIZE,
     H_OFFSET,
     M_CLIENT,

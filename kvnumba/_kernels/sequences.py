@@ -17,7 +17,7 @@ from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.outcomes import Status
 from kvnumba._kernels.undo import clear_call_records, log_write
 from kvnumba._kernels.views import VIEWS, views
-from kvnumba._state import (
+from kvnumba._layout import (
     FIELD,
     M_GROUPS,
     M_ID_TAG,

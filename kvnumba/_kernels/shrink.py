@@ -16,7 +16,7 @@ from kvnumba._kernels.sequences import resolve_ids
 from kvnumba._kernels.undo import clear_call_records
 from kvnumba._kernels.views import views
 from kvnumba._kernels.windows import drop_window, window_gap, windowed
-from kvnumba._state import (
+from kvnumba._layout import (
     F_REGISTERED,
     F_TRIMMED,
     M_CACHED,

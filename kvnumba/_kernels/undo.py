@@ -16,7 +16,7 @@ from numba import int64, void
 
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.views import VIEWS, array_type
-from kvnumba._state import (
+from kvnumba._layout import (
     S_EV_N,
     S_EV_PAYLOAD,
     S_EVT_N,

@@ -34,7 +34,7 @@ from kvnumba._kernels.undo import (
     log_write,
     set_logged,
 )
-from kvnumba._state import (
+from kvnumba._layout import (
     FIELD,
     M_BUCKET_MIN,
     M_CLIENT,

@@ -24,7 +24,7 @@ from kvnumba._kernels.prefix import chain_hash, root_hash
 from kvnumba._kernels.undo import log_write
 from kvnumba._kernels.versions import is_policy_arena
 from kvnumba._kernels.views import views
-from kvnumba._state import (
+from kvnumba._layout import (
     F_HASHED,
     FIELD,
     M_EXPLICIT_RELEASE,

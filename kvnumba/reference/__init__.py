@@ -28,7 +28,7 @@ Model state (``N = num_blocks``):
 * ``_events``: undrained block events ``(kind, block, key words)`` (``block_events=True``).
 * ``_lru``: registered blocks at refcount 0, least recently released first (for every
   eviction policy).
-* ``_policy``: the eviction policy's state (``reference.eviction``), which picks the victim of
+* ``_policy_hints``: the eviction policy's state (``reference.eviction``), which picks the victim of
   an allocation among ``_lru``.
 * ``_free``: the LIFO free stack (bottom..top); every free block is scrubbed and unhashed.
 * per sequence slot: ``_gen``, ``_live``, ``_table`` (block ids), ``_len``, ``_salt``,

@@ -2,7 +2,7 @@
 
 Without a page pool free blocks sit on the LIFO free stack ``_free``; registered blocks at
 refcount 0 sit on the LRU list ``_lru`` (least recently released first) until evicted. The
-eviction policy ``_policy`` (``reference.eviction``) picks the victim of an allocation; it
+eviction policy ``_policy_hints`` (``reference.eviction``) picks the victim of an allocation; it
 hears of every block entering and leaving ``_lru`` through :meth:`BlocksMixin._cache` and
 :meth:`BlocksMixin._uncache`.
 """
@@ -15,7 +15,7 @@ from kvnumba.results import BlockEvents
 
 class BlocksMixin(ModelState):
     """Block and LRU helpers of :class:`ReferenceBlockManager` (``_ref``, ``_tokens``, ``_key``,
-    ``_hash``, ``_prefix``, ``_lru``, ``_policy``, ``_free``, ``_counters``, ``_evicted``)."""
+    ``_hash``, ``_prefix``, ``_lru``, ``_policy_hints``, ``_free``, ``_counters``, ``_evicted``)."""
 
     # ------------------------------------------------------------------ block helpers
 

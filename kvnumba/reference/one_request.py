@@ -68,16 +68,22 @@ class OneRequestMixin(ModelState):
         )
         return int(result.ids[0]), int(result.num_cached_tokens[0])
 
-    def lookup_one(self, *, length, salt=0, keys, max_hit_blocks=None) -> np.ndarray:
-        """``lookup`` of one keyed prompt: its hit blocks (int64), ``NULL_BLOCK`` at the
-        positions a windowed prompt skips (their number times ``block_size`` is the cached
-        length)."""
+    def lookup_one(
+        self, tokens=None, *, length=None, salt=0, keys=None, max_hit_blocks=None
+    ) -> np.ndarray:
+        """``lookup`` of one prompt, by its tokens or by a length and keys: its hit blocks
+        (int64), ``NULL_BLOCK`` at the positions a windowed prompt skips (their number times
+        ``block_size`` is the cached length)."""
+        if tokens is None and (keys is None or length is None):
+            raise ValueError("lookup_one needs tokens, or a length and keys")
+        if tokens is not None and length is None:
+            length = len(tokens)
         result = self.lookup(
-            None,
+            tokens,
             [length],
             salts=[salt],
             keys=keys,
-            key_counts=[len(keys)],
+            key_counts=None if keys is None else [len(keys)],
             max_hit_blocks=max_hit_blocks,
         )
         row = result.block_ids[0]

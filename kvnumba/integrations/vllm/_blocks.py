@@ -10,7 +10,7 @@ asked, so they cannot drift from the allocator.
 
 from __future__ import annotations
 
-from kvnumba.integrations.engine_keys import hash_from_key
+from kvnumba.integrations.block_hashes import hash_from_key
 from kvnumba.state import BlockFlag
 
 # vLLM's BlockHashWithGroupId is the digest followed by the group id in 4 big-endian bytes.

@@ -19,7 +19,7 @@ from vllm.v1.core.kv_cache_utils import (
     to_event_extra_keys,
 )
 
-from kvnumba.integrations.engine_keys import hash_from_key
+from kvnumba.integrations.block_hashes import hash_from_key
 from kvnumba.integrations.vllm import _compat
 
 STORED = 1  # kvnumba's event kinds (take_events().kind)

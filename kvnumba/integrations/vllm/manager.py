@@ -25,7 +25,7 @@ from vllm.v1.request import RequestStatus
 
 import kvnumba
 from kvnumba.eviction import policy_code
-from kvnumba.integrations.engine_keys import KEY_BYTES, keys_from_hashes, keys_from_runs
+from kvnumba.integrations.block_hashes import KEY_BYTES, keys_from_hashes, keys_from_runs
 from kvnumba.integrations.vllm import _events
 from kvnumba.integrations.vllm._maintenance import CacheMaintenance
 from kvnumba.integrations.vllm._unserved import UnservedFeatureSteps

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from kvnumba._shm import lock_path
+from kvnumba.pages._shm import lock_path
 
 try:  # POSIX only; without it a shared pool cannot be created (a private one still works)
     import fcntl

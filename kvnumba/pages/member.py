@@ -3,10 +3,10 @@
 A manager on a :class:`kvnumba.PagePool` runs its calls through the ``*_paged`` kernels, which
 take the pool's arena as a third argument, under the pool's lock for the whole call (so the
 free pages seen at call start stay free until it ends). This part joins the pool, runs a call
-under the lock through the pool's :class:`~kvnumba._coordinator.PoolCoordinator` (which reclaims
+under the lock through the pool's :class:`~kvnumba.pages.coordinator.PoolCoordinator` (which reclaims
 pages for a starving call), counts what reclaim could add for ``can_append``, gives cache-only
 pages back (``trim``, ``close``) and delivers the page callbacks. Toward the coordinator it is a
-:class:`~kvnumba._coordinator.PoolMember`: the coordinator reads and moves a manager's pages
+:class:`~kvnumba.pages.coordinator.PoolMember`: the coordinator reads and moves a manager's pages
 through these few methods only. ``docs/design.md`` states the policy.
 """
 
@@ -16,8 +16,7 @@ import numpy as np
 
 from kvnumba import errors as E
 from kvnumba._kernels.physical_pages import O_CLIENT, O_PID, O_START, views_of
-from kvnumba._pipeline import deliver_all, deliver_evictions, failure
-from kvnumba._state import (
+from kvnumba._layout import (
     M_CACHED,
     M_CLIENT,
     M_CO_COUNT,
@@ -30,6 +29,7 @@ from kvnumba._state import (
     REC_VIRTUAL,
     S_SHORT,
 )
+from kvnumba._pipeline import deliver_all, deliver_evictions, failure
 from kvnumba.inputs import positive_int
 from kvnumba.kernels import head_of
 
@@ -46,7 +46,7 @@ def check_pages(num_blocks: int, page_pool, blocks_per_page) -> int:
     TypeError
         For a ``page_pool`` that is no :class:`kvnumba.PagePool`.
     """
-    from kvnumba.physical_pages import PagePool
+    from kvnumba.pages.pool import PagePool
 
     if page_pool is None and blocks_per_page is None:
         return 0
@@ -87,8 +87,8 @@ class PageSide:
     """
 
     def __init__(self, owner, pool, arenas, kernels, events, facts, on_evict):
-        from kvnumba._process import FORK_AWARE
-        from kvnumba.physical_pages import _load_kernels
+        from kvnumba.pages._process import FORK_AWARE
+        from kvnumba.pages.pool import _load_kernels
 
         self.pool = pool
         self.arenas = arenas
@@ -209,7 +209,7 @@ class PageSide:
 
     # ------------------------------------------------------------------ forked processes
     def _after_fork(self, pid: int, start: int) -> None:
-        """In a forked child (``kvnumba._process.FORK_AWARE``): record the child's pid and
+        """In a forked child (``kvnumba.pages._process.FORK_AWARE``): record the child's pid and
         start time on the pages it maps from now on, and claim the pages held since."""
         meta = self.arenas.s.meta
         meta[M_PID] = pid

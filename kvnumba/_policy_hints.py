@@ -1,4 +1,4 @@
-"""``EvictionPolicy``: a manager's eviction policy, the part that names it and takes hints.
+"""``PolicyHints``: a manager's eviction policy, the part that names it and takes hints.
 
 The policy itself lives in the kernels (``_kernels/eviction.py``) and in the state arena; a
 manager built with a policy other than LRU binds the kernels' policy versions
@@ -9,12 +9,12 @@ manager built with a policy other than LRU binds the kernels' policy versions
 
 from __future__ import annotations
 
-from kvnumba._state import S_PRIORITY_FN, S_PRIORITY_REKEY
+from kvnumba._layout import S_PRIORITY_FN, S_PRIORITY_REKEY
 from kvnumba.eviction import BUILTIN_POLICIES, HINDSIGHT_POLICIES, check_next_use, check_tags
 from kvnumba.inputs import index_array
 
 
-class EvictionPolicy:
+class PolicyHints:
     """The eviction policy of one manager.
 
     Parameters

@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from kvnumba import errors as E
-from kvnumba._state import NIL
+from kvnumba._layout import NIL
 from kvnumba.kernels import status_of
 
 

@@ -23,12 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvnumba._coordinator import PoolCoordinator
-from kvnumba._filelock import FileLock, fcntl
 from kvnumba._kernels import ensure_fresh_cache
 from kvnumba._kernels import physical_pages as K
-from kvnumba._process import FORK_AWARE, process_start_time
-from kvnumba._shm import check_name, lock_path, open_shm
 from kvnumba.errors import (
     ST_OK,
     ST_POOL_EXHAUSTED,
@@ -38,6 +34,10 @@ from kvnumba.errors import (
     PoolExhausted,
 )
 from kvnumba.inputs import check_state_bytes, index_array, positive_int
+from kvnumba.pages._filelock import FileLock, fcntl
+from kvnumba.pages._process import FORK_AWARE, process_start_time
+from kvnumba.pages._shm import check_name, lock_path, open_shm
+from kvnumba.pages.coordinator import PoolCoordinator
 
 __all__ = ["PagePool", "PoolState", "process_start_time"]
 
