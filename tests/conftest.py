@@ -29,6 +29,15 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kvnumba"))
 
+#: Scale of the stateful machines' example counts, ``KVNUMBA_EXAMPLE_SCALE`` (default 1): a run
+#: that repeats the machines in a slower mode (CI's bounds check) takes a fraction.
+EXAMPLE_SCALE = float(os.environ.get("KVNUMBA_EXAMPLE_SCALE", "1"))
+
+
+def examples(count: int) -> int:
+    """A machine's example count, scaled by :data:`EXAMPLE_SCALE` (at least 1)."""
+    return max(1, round(count * EXAMPLE_SCALE))
+
 
 def _warm_kernels() -> None:
     """Run every public call once (success and failure paths) so every kernel is compiled."""

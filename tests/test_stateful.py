@@ -9,6 +9,7 @@ failed call must leave the kernels' state arrays byte-identical.
 from __future__ import annotations
 
 import numpy as np
+from conftest import examples
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -385,7 +386,7 @@ class KernelsVersusReference(RuleBasedStateMachine):
 
 
 KernelsVersusReference.TestCase.settings = settings(
-    max_examples=500,
+    max_examples=examples(500),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -670,7 +671,7 @@ class KeyedKernelsVersusReference(KernelsVersusReference):
 
 
 KeyedKernelsVersusReference.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=examples(150),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

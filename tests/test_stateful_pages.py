@@ -11,6 +11,7 @@ the managers and the pool byte-identical.
 from __future__ import annotations
 
 import numpy as np
+from conftest import examples
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -347,7 +348,7 @@ class PagesVersusReference(RuleBasedStateMachine):
 
 
 PagesVersusReference.TestCase.settings = settings(
-    max_examples=1000,
+    max_examples=examples(1000),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
