@@ -42,9 +42,12 @@ from kvnumba.inputs import (
     switch,
 )
 from kvnumba.kernels import (
-    admit_one_result_of,
+    ADMIT_ONE_CACHED,
+    ADMIT_ONE_ID,
+    APPEND_ONE_RESULT,
+    APPEND_RESULT,
+    STATUS,
     admit_result_of,
-    append_one_result_of,
     append_result_of,
     bad_of,
     count_of,
@@ -312,10 +315,10 @@ class BlockManager:
             # The decode step commits here without the pipeline's generality; anything else
             # (a failure, more record buffers) continues in the pipeline from this result.
             first = self._kernels.k_append(*inputs, *self._arenas.args)
-            if status_of(first) == 0:
+            if first[STATUS] == 0:
                 if atomic is not True and self._arenas.scr[S_FAILED]:
                     self._pipeline.failed_calls += 1
-                out = _new_append_result(append_result_of(first))
+                out = _new_append_result(first[APPEND_RESULT])
                 if not self._quiet:
                     self._pipeline.after_commit(out)
                 return out
@@ -519,8 +522,8 @@ class BlockManager:
         if keys is None and self._fast and type(seq_id) is int and type(count) is int:
             if 0 <= count <= self._max_seq_len:
                 r = self._kernels.k_append_one(seq_id, count, *self._arenas.one_args)
-                if status_of(r) == 0:
-                    out = append_one_result_of(r)
+                if r[STATUS] == 0:
+                    out = r[APPEND_ONE_RESULT]
                     if not self._quiet:
                         self._pipeline.after_commit(out)
                     return out
@@ -549,8 +552,8 @@ class BlockManager:
             cap = CAP_NONE if max_hit_blocks is None else max_hit_blocks
             if type(cap) is int and cap >= 0:
                 r = self._kernels.k_admit_one_keys(length, salt, keys, cap, *self._arenas.one_args)
-                if status_of(r) == 0:
-                    out = admit_one_result_of(r)
+                if r[STATUS] == 0:
+                    out = r[ADMIT_ONE_ID], r[ADMIT_ONE_CACHED]
                     if not self._quiet:
                         self._pipeline.after_commit(out)
                     return out

@@ -47,7 +47,7 @@ _PER_SEQUENCE = 8
 _PER_PAGE = 16
 
 
-@inlined(void(int64[::1]))
+@inlined
 def clear_call_records(scr):
     """Start a call's records empty: evictions, events, pages mapped and unmapped, and the
     flag of a partial failure (what the facade reads once the call returned)."""
@@ -58,7 +58,7 @@ def clear_call_records(scr):
     scr[S_FAILED] = 0
 
 
-@inlined(void(VIEWS))
+@inlined
 def start_log(v):
     """Switch the undo log on for a call: ``meta`` saved whole, the log empty, and every
     eviction's payload kept (a rollback restores it); the payload switch is saved to be put
