@@ -303,34 +303,8 @@ def _check_results() -> None:
             raise ImportError(f"{layout.__name__}: its head differs from HeadLayout's")
 
 
-#: Kernels a manager loads on first use even on a page pool (``_kernel_set.Lazy``): rarely
-#: called, they would lengthen every paged manager's first construction.
-LAZY = frozenset(
-    {
-        "k_truncate",
-        "k_release_window",
-        "k_evict",
-        "k_reset_prefix_cache",
-        "k_admit_keys",
-        "k_lookup",
-        "k_lookup_keys",
-        "k_set_keys",
-        "k_append_one",
-        "k_append_one_keys",
-        "k_admit_one",
-        "k_admit_one_keys",
-        "k_lookup_one",
-        "k_lookup_one_keys",
-        "k_set_next_use",
-        "k_set_tags",
-    }
-)
-#: Kernels that exist only for a manager whose eviction policy is not LRU.
-POLICY_ONLY = frozenset({"k_set_next_use", "k_set_tags"})
-#: Every kernel an LRU manager can call (``kvnumba compile``).
-LRU = tuple(name for name in SIGNATURES if name not in POLICY_ONLY)
-#: The one-request kernels (``append_one``, ``admit_one``): never run on a page pool; they take
-#: each arena as its address and size.
+#: The one-request kernels (``append_one``, ``admit_one``, ``lookup_one``): never run on a page
+#: pool; they take each arena as its address and size.
 ONE_REQUEST = frozenset(
     {
         "k_append_one",
@@ -341,6 +315,27 @@ ONE_REQUEST = frozenset(
         "k_lookup_one_keys",
     }
 )
+#: Kernels that exist only for a manager whose eviction policy is not LRU.
+POLICY_ONLY = frozenset({"k_set_next_use", "k_set_tags"})
+#: Kernels a manager loads on first use even on a page pool (``_kernel_set.Lazy``): rarely
+#: called, they would lengthen every paged manager's first construction (the one-request
+#: kernels and the policy-only ones among them).
+LAZY = frozenset(
+    {
+        "k_truncate",
+        "k_release_window",
+        "k_evict",
+        "k_reset_prefix_cache",
+        "k_admit_keys",
+        "k_lookup",
+        "k_lookup_keys",
+        "k_set_keys",
+        *ONE_REQUEST,
+        *POLICY_ONLY,
+    }
+)
+#: Every kernel an LRU manager can call (``kvnumba compile``).
+LRU = tuple(name for name in SIGNATURES if name not in POLICY_ONLY)
 #: Kernels taking the page pool's arena after the manager's two.
 PAGED = frozenset(name for name in SIGNATURES if "paged" in name or "give_up" in name)
 #: Kernels whose workers are compiled with the page code (``entry.with_pages``): the paged
