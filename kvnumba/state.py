@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvnumba import _layout as _state
+from kvnumba import _layout
 from kvnumba._layout import NIL, NULL_BLOCK, State
 from kvnumba.ids import slot_bits, split_id
 
@@ -41,33 +41,33 @@ class Meta:
     """Slots of ``state.meta`` that integrations read (plain ints: ``state.meta[Meta.USED]``)."""
 
     #: Blocks on the free stack (``state.free_stack[:FREE_TOP]``).
-    FREE_TOP = _state.M_FREE_TOP
+    FREE_TOP = _layout.M_FREE_TOP
     #: Least recently released cached block (under LRU the next evicted), or ``NIL``; follow
     #: ``state.lru_next`` from it: every policy keeps the cached blocks in release order.
-    LRU_HEAD = _state.M_LRU_HEAD
+    LRU_HEAD = _layout.M_LRU_HEAD
     #: Most recently released cached block, or ``NIL``.
-    LRU_TAIL = _state.M_LRU_TAIL
+    LRU_TAIL = _layout.M_LRU_TAIL
     #: Blocks with a reference count of at least 1 (reserved blocks not included).
-    USED = _state.M_USED
+    USED = _layout.M_USED
     #: Blocks with reference count 0 kept in the prefix cache.
-    CACHED = _state.M_CACHED
+    CACHED = _layout.M_CACHED
     #: Live sequences.
-    LIVE_SEQS = _state.M_LIVE_SEQS
+    LIVE_SEQS = _layout.M_LIVE_SEQS
     #: Mapped virtual pages (page pools).
-    MAPPED = _state.M_MAPPED
+    MAPPED = _layout.M_MAPPED
 
 
 class BlockFlag:
     """Bits of ``state.block_flags`` (plain ints: ``flags & BlockFlag.HASHED``)."""
 
     #: Every token written to the block came with an id.
-    KNOWN = _state.F_KNOWN
+    KNOWN = _layout.F_KNOWN
     #: The block is full and has its chained hash or engine key (``state.block_hash``,
     #: ``state.block_key``).
-    HASHED = _state.F_HASHED
+    HASHED = _layout.F_HASHED
     #: The block is registered in the prefix cache under its hash or key: a lookup can hit it
     #: (with ``cache_duplicates``, once the blocks registered before it with that key are gone).
-    REGISTERED = _state.F_REGISTERED
+    REGISTERED = _layout.F_REGISTERED
 
 
 def slot_mask(max_seqs: int) -> int:
