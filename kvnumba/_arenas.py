@@ -1,8 +1,8 @@
 """``Arenas``: the part of a manager that owns its memory.
 
-A manager's whole allocator state is one uint8 arena of named fields (``_state.STATE_FIELDS``);
+A manager's whole allocator state is one uint8 arena of named fields (``_layout.STATE_FIELDS``);
 what a call records for the facade (evictions, the undo log, page records, block events, the
-call room) is a second one, the scratch arena (``_state.SCRATCH_FIELDS``). The kernels take the
+call room) is a second one, the scratch arena (``_layout.SCRATCH_FIELDS``). The kernels take the
 arenas, never the fields: they carve their own named views. This part allocates both, grows the
 scratch arena when a call needs more records, and hands the facade the argument tuples the
 kernels take and copies of what a committed call recorded.

@@ -122,6 +122,7 @@ class KernelSet:
     k_commit_give_up: Kernel
     k_set_next_use: Kernel
     k_set_tags: Kernel
+    k_set_sequence_tags: Kernel
 
     __slots__ = (*KERNEL_NAMES, "__weakref__")
 

@@ -140,7 +140,8 @@ S_SAVED_PAYLOAD = 8  # S_EV_PAYLOAD before a logged give-up switched it on
 S_SHORT = 9  # blocks a failed call lacked at its failure point (what sibling reclaim must add)
 S_EVT_N = 10  # block events recorded and not yet collected by the facade (rows of ``evt``)
 # A priority policy's compiled priority: its address in this process (set by the facade, never
-# part of the state), and the tokens of the sequence being released (the ``length`` feature).
+# part of the state), and the tokens of the sequence being released (the ``length`` feature);
+# its tag is ``S_RELEASE_TAG``.
 S_PRIORITY_FN = 11
 S_RELEASE_LEN = 12
 # Which feature changes make a priority policy's cached block be keyed again (``REKEY_*`` bits,
@@ -150,6 +151,7 @@ REKEY_CHILDREN = 1
 REKEY_ORPHAN = 2
 REKEY_NEXT_USE = 4
 REKEY_TAG = 8
+S_RELEASE_TAG = 14  # the tag of the sequence being released, given to what it caches (0: none)
 # The feature record a priority is called with (``kvnumba.priority.BlockFeatures``, in order).
 S_FEATURES = 16
 SCR_SIZE = 32
@@ -296,6 +298,13 @@ STATE_FIELDS = (
     Field("seq_salt", np.int64, ("seqs",), "Prefix-cache salt of every slot."),
     Field("seq_live", np.uint8, ("seqs",), "1 while the slot holds a live sequence."),
     Field(
+        "seq_tag",
+        np.int64,
+        ("seqs",),
+        "Tag of the slot's sequence (``set_sequence_tags``; 0: none), given to the blocks its "
+        "release caches.",
+    ),
+    Field(
         "seq_anchor",
         np.uint64,
         ("seqs", "two"),
@@ -400,6 +409,7 @@ class State(NamedTuple):
     seq_gen: np.ndarray
     seq_salt: np.ndarray
     seq_live: np.ndarray
+    seq_tag: np.ndarray
     seq_anchor: np.ndarray
     slot_stack: np.ndarray
     meta: np.ndarray

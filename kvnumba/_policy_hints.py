@@ -4,14 +4,22 @@ The policy itself lives in the kernels (``_kernels/eviction.py``) and in the sta
 manager built with a policy other than LRU binds the kernels' policy versions
 (:class:`~kvnumba._kernel_set.KernelSet`). This part answers ``mgr.eviction``, serves
 ``set_next_use`` (the hints of the simulator's hindsight policy and of priority policies) and
-``set_tags``, and gives a priority policy's compiled function to this process's kernels.
+``set_tags`` and ``set_sequence_tags``, and gives a priority policy's compiled function to this process's kernels.
 """
 
 from __future__ import annotations
 
 from kvnumba._layout import S_PRIORITY_FN, S_PRIORITY_REKEY
-from kvnumba.eviction import BUILTIN_POLICIES, HINDSIGHT_POLICIES, check_next_use, check_tags
+from kvnumba._pipeline import failure
+from kvnumba.eviction import (
+    BUILTIN_POLICIES,
+    HINDSIGHT_POLICIES,
+    check_next_use,
+    check_sequence_tags,
+    check_tags,
+)
 from kvnumba.inputs import index_array
+from kvnumba.kernels import resolved_of
 
 
 class PolicyHints:
@@ -25,13 +33,15 @@ class PolicyHints:
         The manager's arenas.
     kernels : KernelSet
         The manager's kernels.
+    facts : Facts
+        What an error message needs to know of the manager.
     priority : PriorityPolicy or None
         The manager's priority policy, if it has one.
     """
 
-    __slots__ = ("name", "num_blocks", "arenas", "kernels", "priority")
+    __slots__ = ("name", "num_blocks", "arenas", "kernels", "facts", "priority")
 
-    def __init__(self, geometry, arenas, kernels, priority=None):
+    def __init__(self, geometry, arenas, kernels, facts, priority=None):
         self.priority = priority
         if priority is not None:
             self.name = priority.name
@@ -41,6 +51,7 @@ class PolicyHints:
         else:
             self.name = (BUILTIN_POLICIES + HINDSIGHT_POLICIES)[geometry.eviction]
         self.num_blocks, self.arenas, self.kernels = geometry.num_blocks, arenas, kernels
+        self.facts = facts
 
     def set_next_use(self, block_ids, next_use) -> None:
         """Hints of the next use of each block's content: the trace position of the next request
@@ -69,3 +80,30 @@ class PolicyHints:
         blocks, values = index_array(block_ids, "block_ids"), index_array(tags, "tags")
         check_tags(self.name, self.num_blocks, blocks, values, priority=self.priority is not None)
         self.kernels.k_set_tags(blocks, values, *self.arenas.args)
+
+    def set_sequence_tags(self, seq_ids, tags) -> None:
+        """Tag live sequences for a priority policy: when a tagged sequence's release
+        (``release``, ``truncate``, a window's drop) caches a block, the block's ``tag``
+        feature becomes the sequence's tag, so a request's tenant, conversation or priority
+        class reaches the blocks it leaves behind. 0 clears it (the blocks keep theirs); a
+        later entry for the same sequence wins; fork's children inherit the parent's tag.
+        ``ValueError`` on a manager with another policy.
+
+        Parameters
+        ----------
+        seq_ids, tags : integer array-likes of equal length
+            Live sequences, and the tag of each.
+
+        Raises
+        ------
+        ValueError
+            Another policy, or unequal lengths.
+        InvalidSequence, SequenceReleased
+            An id that is not one of this manager's, or one already released (nothing is
+            changed).
+        """
+        ids, values = index_array(seq_ids, "seq_ids"), index_array(tags, "tags")
+        check_sequence_tags(self.name, ids, values, priority=self.priority is not None)
+        status, bad = resolved_of(self.kernels.k_set_sequence_tags(ids, values, *self.arenas.args))
+        if status:
+            raise failure(self.facts, status, bad, ids=ids)

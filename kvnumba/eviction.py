@@ -190,6 +190,31 @@ def check_tags(policy: str, num_blocks: int, blocks, tags, *, priority: bool) ->
         raise ValueError(f"block ids must be in [0, {num_blocks})")
 
 
+def check_sequence_tags(policy: str, ids, tags, *, priority: bool) -> None:
+    """Validate the inputs of ``set_sequence_tags`` (a priority policy's tags by sequence).
+
+    Parameters
+    ----------
+    policy : str
+        The manager's policy's name.
+    ids, tags : numpy.ndarray of int64
+        Sequence ids and the tag of each.
+    priority : bool
+        The manager's policy is a priority policy (no other reads tags).
+
+    Raises
+    ------
+    ValueError
+        For another policy or unequal lengths (the ids themselves are the kernel's to check).
+    """
+    if not priority:
+        raise ValueError(
+            f"set_sequence_tags tags sequences for a priority policy; this manager's is {policy!r}"
+        )
+    if ids.shape != tags.shape:
+        raise ValueError(f"tags has {tags.shape[0]} entries for {ids.shape[0]} ids")
+
+
 def is_valid_policy(eviction, *, hindsight: bool = True) -> bool:
     """Whether ``policy_code`` accepts ``eviction`` (loading a ``"module:attribute"`` policy).
 

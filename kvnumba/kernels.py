@@ -83,6 +83,8 @@ SIGNATURES = {
     "k_set_next_use": (_VEC, _VEC),
     # A priority policy's per-block tags.
     "k_set_tags": (_VEC, _VEC),
+    # ... and per-sequence tags, given to the blocks a sequence's release caches.
+    "k_set_sequence_tags": (_VEC, _VEC),
 }
 # ---------------------------------------------------------------------------------- results
 # An entry kernel returns a plain tuple: boxing a named tuple at the Python boundary would cost
@@ -195,6 +197,13 @@ class CheckLayout(NamedTuple):
     b: int
 
 
+class SequenceIdsLayout(NamedTuple):
+    """``k_set_sequence_tags``: the status and the index of the offending sequence id."""
+
+    status: int
+    bad: int
+
+
 class StatusLayout(NamedTuple):
     """``k_set_next_use``, ``k_set_tags``: the status alone."""
 
@@ -241,6 +250,7 @@ RESULTS: dict[str, type] = {
     "k_commit_give_up": NoneLayout,
     "k_set_next_use": StatusLayout,
     "k_set_tags": StatusLayout,
+    "k_set_sequence_tags": SequenceIdsLayout,
 }
 
 
@@ -263,6 +273,7 @@ append_one_result_of = getter(
 )
 admit_one_result_of = getter(AdmitOneLayout, "seq_id", "num_cached_tokens")
 bad_of = getter(ReadLayout, "bad")
+resolved_of = getter(SequenceIdsLayout, "status", "bad")
 values_of = getter(ReadLayout, "values")
 lookup_result_of = getter(LookupLayout, "num_cached_tokens", "block_ids")
 new_ids_of = getter(NewSequencesLayout, "ids")
@@ -316,7 +327,7 @@ ONE_REQUEST = frozenset(
     }
 )
 #: Kernels that exist only for a manager whose eviction policy is not LRU.
-POLICY_ONLY = frozenset({"k_set_next_use", "k_set_tags"})
+POLICY_ONLY = frozenset({"k_set_next_use", "k_set_tags", "k_set_sequence_tags"})
 #: Kernels a manager loads on first use even on a page pool (``_kernel_set.Lazy``): rarely
 #: called, they would lengthen every paged manager's first construction (the one-request
 #: kernels and the policy-only ones among them).

@@ -206,8 +206,8 @@ class BlockManager:
         extended = geometry.eviction != 0 or geometry.windowed
         self._groups = len(geometry.groups)
         self._kernels = KernelSet(page_pool is not None, policy=extended)
-        self._policy = PolicyHints(geometry, self._arenas, self._kernels, priority)
         self._facts = Facts(self._arenas, self._kernels)
+        self._policy = PolicyHints(geometry, self._arenas, self._kernels, self._facts, priority)
         self._keys = EngineKeys(self._arenas, self._kernels, self._facts, block_keys, block_events)
         parts = (self._arenas, self._kernels, self._keys, self._facts, on_evict)
         self._pages = None if page_pool is None else PageSide(self, page_pool, *parts)
@@ -481,6 +481,7 @@ class BlockManager:
 
     set_next_use = part_call("_policy", PolicyHints.set_next_use)
     set_tags = part_call("_policy", PolicyHints.set_tags)
+    set_sequence_tags = part_call("_policy", PolicyHints.set_sequence_tags)
 
     def reset_prefix_cache(self) -> int:
         """Evict every cached block and unregister those live sequences hold, so that nothing

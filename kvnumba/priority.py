@@ -65,7 +65,9 @@ class BlockFeatures(NamedTuple):
         The hint given with ``set_next_use`` (-1: none). The simulator gives a policy made with
         ``hindsight=True`` the trace position of the block's next use.
     tag : int
-        The tag given with ``set_tags`` (0 until then; reset when the block is registered).
+        The tag given with ``set_tags``, or by the release of a sequence tagged with
+        ``set_sequence_tags`` that cached the block, whichever came later (0 until then; reset
+        when the block is registered).
     length : int
         Tokens of the sequence whose release cached the block, at that release.
     block_size : int

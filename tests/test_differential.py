@@ -349,10 +349,21 @@ class Differential:
         n = int(self.rng.integers(1, 4))
         blocks = self.rng.integers(0, kv.num_blocks, n).tolist()
         uses = self.rng.integers(-1, 30, n).tolist()
-        if kv.eviction in HINDSIGHT_POLICIES or self.rng.random() < 0.5:
+        roll = self.rng.random()
+        if kv.eviction in HINDSIGHT_POLICIES or roll < 0.4:
             kv.set_next_use(blocks, uses)
             self.ref.managers[who].set_next_use(blocks, uses)
             self.counts[f"{'oracle' if kv.eviction == 'oracle' else 'priority'} hint"] += 1
+        elif roll < 0.7:
+            pairs = self.pick(who)
+            tags = self.rng.integers(0, 4, len(pairs)).tolist()
+            self.both(
+                who,
+                "set_sequence_tags",
+                ([k for k, _ in pairs], tags),
+                ([r for _, r in pairs], tags),
+            )
+            self.counts["priority sequence tag"] += 1
         else:
             kv.set_tags(blocks, uses)
             self.ref.managers[who].set_tags(blocks, uses)

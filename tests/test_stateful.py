@@ -336,6 +336,16 @@ class KernelsVersusReference(RuleBasedStateMachine):
         self.both(call, blocks, values)
 
     @rule(data=st.data())
+    def sequence_tag(self, data):
+        """Tags of live sequences for a priority policy (a ValueError elsewhere, both sides);
+        a released id among them raises on both sides and changes nothing."""
+        ids = self.pick(data, allow_dead=True)
+        tags = data.draw(st.lists(st.integers(0, 3), min_size=len(ids), max_size=len(ids)))
+        if self.kv.eviction not in BUILTIN_POLICIES:
+            event("priority set_sequence_tags")
+        self.both("set_sequence_tags", ids, tags)
+
+    @rule(data=st.data())
     def can_append(self, data):
         ids = self.pick(data)
         counts = data.draw(st.lists(st.integers(0, 8), min_size=len(ids), max_size=len(ids)))

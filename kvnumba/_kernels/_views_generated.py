@@ -31,20 +31,21 @@ def views(arena, scratch, pool):
         carve(arena, h[60], (h[61] >> 3,), np.int64),  # seq_gen
         carve(arena, h[65], (h[66] >> 3,), np.int64),  # seq_salt
         carve(arena, h[70], (h[71],), np.uint8),  # seq_live
-        carve(arena, h[80], (h[81] >> 2,), np.int32),  # slot_stack
-        carve(arena, h[85], (h[86] >> 3,), np.int64),  # meta
-        carve(arena, h[90], (h[91] >> 2,), np.int32),  # page_phys
-        carve(arena, h[95], (h[96] >> 2,), np.int32),  # page_free
-        carve(arena, h[100], (h[101] >> 2,), np.int32),  # page_used
-        carve(arena, h[105], (h[106] >> 2,), np.int32),  # page_head
-        carve(arena, h[110], (h[111] >> 2,), np.int32),  # bucket_prev
-        carve(arena, h[115], (h[116] >> 2,), np.int32),  # bucket_next
-        carve(arena, h[120], (h[121] >> 2,), np.int32),  # co_prev
-        carve(arena, h[125], (h[126] >> 2,), np.int32),  # co_next
-        carve(arena, h[130], (h[131] >> 2,), np.int32),  # vstack
-        carve(arena, h[135], (h[136] >> 3,), np.int64),  # page_stamp
-        carve(arena, h[140], (h[141] >> 2,), np.int32),  # block_next
-        carve(arena, h[145], (h[146] >> 2,), np.int32),  # buckets
+        carve(arena, h[75], (h[76] >> 3,), np.int64),  # seq_tag
+        carve(arena, h[85], (h[86] >> 2,), np.int32),  # slot_stack
+        carve(arena, h[90], (h[91] >> 3,), np.int64),  # meta
+        carve(arena, h[95], (h[96] >> 2,), np.int32),  # page_phys
+        carve(arena, h[100], (h[101] >> 2,), np.int32),  # page_free
+        carve(arena, h[105], (h[106] >> 2,), np.int32),  # page_used
+        carve(arena, h[110], (h[111] >> 2,), np.int32),  # page_head
+        carve(arena, h[115], (h[116] >> 2,), np.int32),  # bucket_prev
+        carve(arena, h[120], (h[121] >> 2,), np.int32),  # bucket_next
+        carve(arena, h[125], (h[126] >> 2,), np.int32),  # co_prev
+        carve(arena, h[130], (h[131] >> 2,), np.int32),  # co_next
+        carve(arena, h[135], (h[136] >> 2,), np.int32),  # vstack
+        carve(arena, h[140], (h[141] >> 3,), np.int64),  # page_stamp
+        carve(arena, h[145], (h[146] >> 2,), np.int32),  # block_next
+        carve(arena, h[150], (h[151] >> 2,), np.int32),  # buckets
         carve(scratch, g[0], (g[3], g[4]), np.int64),  # ulog
         carve(scratch, g[5], (g[6] >> 3,), np.int64),  # ev_ids
         carve(scratch, g[10], (g[11] >> 3,), np.uint64),  # ev_hash

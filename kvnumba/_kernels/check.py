@@ -41,6 +41,7 @@ from kvnumba._layout import (
     M_MAPPED,
     M_MAX_SEQ_LEN,
     M_PAGE_K,
+    M_POLICY,
     M_REGISTERED,
     M_RESERVED,
     M_SLOT_TOP,
@@ -49,6 +50,7 @@ from kvnumba._layout import (
     NIL,
     NULL_BLOCK,
 )
+from kvnumba.eviction import PRIORITY_CODE
 
 # Codes of the violations check_state reports (0: consistent).
 C_BAD_LENGTH = 1
@@ -83,12 +85,14 @@ C_CACHE_ONLY_COUNT = 29
 C_RESERVED = 30
 C_WINDOW = 31
 C_TABLE_TWIN = 32
+C_SEQ_TAG = 33
 
 MESSAGES = {
     C_BAD_LENGTH: "sequence slot {a}: length {b} is negative or beyond max_seq_len",
     C_TABLE_OUT_OF_RANGE: "sequence slot {a}: table entry {b} holds an out-of-range block",
     C_TABLE_PAST_END: "sequence slot {a}: table entry {b} is set beyond the sequence's blocks",
     C_FREE_SLOT_NOT_EMPTY: "free sequence slot {a} has a non-empty table or length",
+    C_SEQ_TAG: "sequence slot {a}: tag {b} on a free slot or under a policy that reads no tags",
     C_REFCOUNT: "block {a}: refcount {b} differs from the references in the block tables",
     C_FREE_STACK: "free stack position {a}: block {b} is out of range, referenced, or listed twice",
     C_FREE_BLOCK_DIRTY: "free block {a} still has a non -1 payload or flags",
@@ -283,8 +287,11 @@ def check_state(arena, scratch, pool, counts, seen, marks):
     counted = counts
     counted[:] = 0
     live = 0
+    tags_read = meta[M_POLICY] == PRIORITY_CODE
     for s in range(max_seqs):
         length = seq_len[s]
+        if st.seq_tag[s] != 0 and (seq_live[s] == 0 or not tags_read):
+            return C_SEQ_TAG, s, st.seq_tag[s]
         if seq_live[s] == 0:
             if length != 0:
                 return C_FREE_SLOT_NOT_EMPTY, s, 0

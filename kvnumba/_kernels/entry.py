@@ -36,7 +36,7 @@ from kvnumba._kernels.admit import (
 from kvnumba._kernels.append import AppendInputs, AppendOutputs, append_need, run_append
 from kvnumba._kernels.carve import arena_at, carve
 from kvnumba._kernels.check import check
-from kvnumba._kernels.eviction import run_set_next_use, run_set_tags
+from kvnumba._kernels.eviction import run_set_next_use, run_set_sequence_tags, run_set_tags
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.give_up import commit_give_up, run_give_up
 from kvnumba._kernels.jit import inlined
@@ -441,6 +441,16 @@ def k_set_tags(blocks, tags, arena, scratch):
     """``set_tags`` (a priority policy's tags): returns (status,)."""
     run_set_tags(blocks, tags, arena, scratch)
     return (ST_OK,)
+
+
+@njit(cache=True)
+def k_set_sequence_tags(ids, tags, arena, scratch):
+    """``set_sequence_tags`` (a priority policy's tags by sequence): returns (status, bad)."""
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    resolved = resolve_ids(ids, np.bool_(False), slots, arena, scratch)
+    if resolved.status == ST_OK:
+        run_set_sequence_tags(slots, tags, arena, scratch)
+    return resolved.status, resolved.bad
 
 
 @njit(cache=True)

@@ -69,6 +69,7 @@ from kvnumba._layout import (
     S_PRIORITY_FN,
     S_PRIORITY_REKEY,
     S_RELEASE_LEN,
+    S_RELEASE_TAG,
     W_DEPTH,
     W_HINT,
     W_KEY,
@@ -443,6 +444,8 @@ def enter_cache(v, b):
         leaves = leaves_only(v)
         if policy == P_PRIORITY:
             _set_word(v, b, W_LENGTH, v.scr[S_RELEASE_LEN])
+            if v.scr[S_RELEASE_TAG] != 0:  # a tagged sequence's release tags what it caches
+                _set_word(v, b, W_TAG, v.scr[S_RELEASE_TAG])
         p = np.int64(pol_links(v)[b, L_PARENT])
         if p >= 0 and pol_links(v)[p, L_GEN] == pol_links(v)[b, L_PGEN]:
             if leaves and pol_links(v)[p, L_KID] == NIL and pol_links(v)[p, L_POS] != NIL:
@@ -807,3 +810,11 @@ def run_set_tags(blocks, tags, arena, scratch):
     v = views(arena, scratch, scratch)
     for i in range(blocks.shape[0]):
         set_tag(v, blocks[i], tags[i])
+
+
+@out_of_line
+def run_set_sequence_tags(slots, tags, arena, scratch):
+    """``set_sequence_tags`` of resolved slots (priority policies only), in order."""
+    v = views(arena, scratch, scratch)
+    for i in range(slots.shape[0]):
+        v.seq_tag[slots[i]] = tags[i]

@@ -27,6 +27,7 @@ from kvnumba._layout import (
     NIL,
     NULL_BLOCK,
     S_RELEASE_LEN,
+    S_RELEASE_TAG,
     S_STAMP,
 )
 from kvnumba.errors import (
@@ -147,6 +148,7 @@ def run_release(slots, arena, scratch, pool):
     for i in range(slots.shape[0]):
         slot = slots[i]
         v.scr[S_RELEASE_LEN] = v.seq_len[slot]  # what a priority policy sees as the length
+        v.scr[S_RELEASE_TAG] = v.seq_tag[slot]  # and the tag it gives the blocks it caches
         for pos in range(blocks_of(v.seq_len[slot], block_size) - 1, -1, -1):
             b = seq_table[slot, pos]
             seq_table[slot, pos] = NIL
@@ -158,6 +160,7 @@ def run_release(slots, arena, scratch, pool):
             drop_ref(v, b)
         v.seq_len[slot] = 0
         v.seq_salt[slot] = 0
+        v.seq_tag[slot] = 0
         v.seq_live[slot] = 0
         top = meta[M_SLOT_TOP]
         v.slot_stack[top] = slot
@@ -183,6 +186,7 @@ def run_fork(slots, children, arena, scratch):
             slot = child.slot
             children[i, c] = child.seq_id
             seq_len[slot] = length
+            v.seq_tag[slot] = v.seq_tag[parent]
             for pos in range(nblocks):
                 seq_table[slot, pos] = seq_table[parent, pos]
             anchors = seq_anchors(v)

@@ -26,6 +26,7 @@ from kvnumba._layout import (
     S_EV_N,
     S_EV_PAYLOAD,
     S_RELEASE_LEN,
+    S_RELEASE_TAG,
 )
 from kvnumba.errors import (
     ST_BAD_BLOCK,
@@ -100,6 +101,7 @@ def run_truncate(ids, new_lens, slots, arena, scratch, pool):
             continue
         keep = blocks_of(new, block_size)
         v.scr[S_RELEASE_LEN] = new  # what a priority policy sees as the releasing length
+        v.scr[S_RELEASE_TAG] = v.seq_tag[slot]
         for pos in range(blocks_of(length, block_size) - 1, keep - 1, -1):
             drop_ref(v, seq_table[slot, pos])
             seq_table[slot, pos] = NIL

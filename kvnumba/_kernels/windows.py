@@ -36,6 +36,7 @@ from kvnumba._layout import (
     M_WINDOWS,
     NULL_BLOCK,
     S_RELEASE_LEN,
+    S_RELEASE_TAG,
 )
 from kvnumba.windows import first_needed_block, group_hit, window_hit
 
@@ -121,6 +122,7 @@ def drop_out_of_window(arena, scratch, pool, slot, length):
     if not has_drops(v, slot, length):
         return 0
     v.scr[S_RELEASE_LEN] = length  # what a priority policy sees as the releasing length
+    v.scr[S_RELEASE_TAG] = v.seq_tag[slot]
     seq_table = v.seq_table
     width = seq_table.shape[1]
     pos = first_needed(v, slot, length) - 1

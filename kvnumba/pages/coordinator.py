@@ -26,7 +26,7 @@ from kvnumba.kernels import status_of
 
 
 class PoolMember(Protocol):
-    """What the coordinator asks of a manager on its pool (``_virtual_pages.PageSide``)."""
+    """What the coordinator asks of a manager on its pool (``pages.member.PageSide``)."""
 
     blocks_per_page: int
 

@@ -62,6 +62,7 @@ class ModelState:
     _table: list[list[int]]
     _len: list[int]
     _salt: list[int]
+    _seq_tag: list[int]
     _anchor: list[int | None]
     _slots: list[int]
     # Counters and the current call's records.

@@ -71,6 +71,8 @@ class LruPolicy:
     #: Tokens of the sequence being released (the manager sets it before releasing blocks; a
     #: priority policy's ``length`` feature), not part of the state.
     release_len: int = field(default=0, repr=False, compare=False)
+    #: ... and its tag (``set_sequence_tags``; 0: none), given to the blocks it caches.
+    release_tag: int = field(default=0, repr=False, compare=False)
 
     @classmethod
     def new(cls: type[P], num_blocks: int) -> P:
@@ -479,6 +481,8 @@ class PriorityRulePolicy(LeafLruPolicy):
     def entered(self, block: int) -> None:
         super().entered(block)
         self.length[block] = self.release_len
+        if self.release_tag:
+            self.tag[block] = self.release_tag
         p = self.parent[block]
         if not self.rule.leaves_only and p >= 0 and block in self.kids[p]:
             self._rekey(p)

@@ -244,6 +244,7 @@ class ReferenceBlockManager(
         self._table: list[list[int]] = [[] for _ in range(max_seqs)]
         self._len = [0] * max_seqs
         self._salt = [0] * max_seqs
+        self._seq_tag = [0] * max_seqs  # set_sequence_tags: the tag a release gives (0: none)
         # Windowed attention: the hash of the highest-position block that left the window
         # (None: none left, or it had no hash), the parent hash of the block after the gap.
         self._anchor: list[int | None] = [None] * max_seqs
@@ -441,6 +442,7 @@ class ReferenceBlockManager(
                 child = self._take_slot(self._salt[parent])
                 self._table[child] = list(self._table[parent])
                 self._len[child] = self._len[parent]
+                self._seq_tag[child] = self._seq_tag[parent]
                 self._anchor[child] = self._anchor[parent]
                 for block in self._table[parent]:
                     if block != NULL_BLOCK:  # a position that left the window holds nothing
@@ -468,6 +470,7 @@ class ReferenceBlockManager(
         self._begin_call()
         for slot in slots:
             self._policy.release_len = self._len[slot]
+            self._policy.release_tag = self._seq_tag[slot]
             for block in reversed(self._table[slot]):
                 if block != NULL_BLOCK:
                     self._drop_ref(block)
@@ -475,6 +478,7 @@ class ReferenceBlockManager(
             self._table[slot] = []
             self._len[slot] = 0
             self._salt[slot] = 0
+            self._seq_tag[slot] = 0
             self._anchor[slot] = None
             self._slots.append(slot)
         self._commit_call()  # pages that emptied: the pool's on_unmap
@@ -556,6 +560,40 @@ class ReferenceBlockManager(
         blocks, values = self._per_block(block_ids, tags, "tags")
         for block, tag in zip(blocks.tolist(), values.tolist(), strict=True):
             self._policy.set_tag(block, tag)
+
+    def set_sequence_tags(self, seq_ids, tags) -> None:
+        """Tag live sequences for a priority policy, in order (a later entry for the same
+        sequence wins): a block that a tagged sequence's release caches takes the sequence's
+        tag as its ``tag`` feature (0: no tag, the block keeps its own). Children of ``fork``
+        inherit the parent's tag; a released sequence's slot forgets it.
+
+        Parameters
+        ----------
+        seq_ids : array-like of int, shape (n,)
+            Live sequence ids (repeats allowed).
+        tags : array-like of int, shape (n,)
+            Each sequence's tag.
+
+        Raises
+        ------
+        ValueError
+            A policy other than a priority policy, or lengths that differ (nothing changed).
+        InvalidSequence, SequenceReleased
+            An unknown or released id (nothing changed).
+        TypeError
+            Non-integer input.
+        """
+        if not isinstance(self._policy, PriorityRulePolicy):
+            raise ValueError(
+                f"set_sequence_tags needs a priority policy, not {self._policy.name!r}"
+            )
+        ids = _as_int_array(seq_ids, "seq_ids")
+        values = _as_int_array(tags, "tags")
+        if len(ids) != len(values):
+            raise ValueError(f"{len(ids)} seq_ids and {len(values)} tags")
+        slots = self._resolve_all(ids, unique=False)
+        for slot, tag in zip(slots, values.tolist(), strict=True):
+            self._seq_tag[slot] = tag
 
     def _per_block(self, block_ids, values, name: str):
         """Validated ``(blocks, values)`` of a call giving one value per block of the pool."""
