@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import distributed  # the `sweep` extra, part of `test`: CI must fail, not skip, without it
@@ -610,3 +612,15 @@ def test_cli_prints_the_policy_table(client, tmp_path, capsys):
         == 0
     )
     assert "per eviction policy" not in capsys.readouterr().out
+
+
+def test_sweep_takes_exactly_the_keywords_of_make_grid():
+    """``sweep(traces, **grid)`` passes ``grid`` on to ``make_grid``: its declared keywords
+    (``GridOptions``) are ``make_grid``'s, with the same types, so neither list can drift."""
+    params = inspect.signature(sweeps.make_grid).parameters
+    keywords = [name for name, p in params.items() if p.kind is p.KEYWORD_ONLY]
+    hints = typing.get_type_hints(sweeps.make_grid)
+    assert list(sweeps.GridOptions.__annotations__) == keywords
+    assert typing.get_type_hints(sweeps.GridOptions) == {name: hints[name] for name in keywords}
+    with pytest.raises(TypeError, match="block_size"):
+        sweep("mooncake", block_size=16)  # make_grid's name is block_sizes

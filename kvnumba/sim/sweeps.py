@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -54,6 +55,9 @@ from kvnumba.sim.scheduler import (
     simulate,
 )
 from kvnumba.sim.traces import TRACE_FORMATS, Request, default_trace_path, load_trace
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+
+    from typing_extensions import Unpack
 
 #: Short names for the traces shipped in ``kvnumba/data``; a worker resolves them in its own
 #: installation, so they work on a cluster without a shared file system.
@@ -85,6 +89,30 @@ _KEY_OMITS = "key_omits"
 
 class GridError(ValueError):
     """A sweep grid that cannot run: empty, unknown trace, bad value or unreadable trace."""
+
+
+class GridOptions(TypedDict, total=False):
+    """The keywords of a grid that :func:`sweep` passes on to :func:`make_grid` (whose
+    signature gives their defaults and whose docstring their meaning): the grid dimensions, the
+    replay's fixed settings, the cost profile and the trace files' format. A test keeps the two
+    equal."""
+
+    blocks: int | Sequence[int | None] | None
+    block_sizes: int | Sequence[int]
+    prefix_caching: bool | Sequence[bool]
+    eviction: str | Sequence[str]
+    max_batch: int | Sequence[int]
+    step_ms: float | Sequence[float]
+    limit: int | None
+    max_seq_len: int
+    max_prefill_tokens: int | None
+    sliding_window: int | None | Sequence[int | None]
+    attention_chunk_size: int | None | Sequence[int | None]
+    prefill_us_per_token: float
+    decode_us_per_token: float
+    step_overhead_us: float
+    prefill_tokens_per_step: int | None
+    trace_format: str
 
 
 @dataclass(frozen=True)
@@ -711,36 +739,19 @@ def _sigint_ignored():
 def sweep(
     traces: str | Sequence[str],
     *,
-    blocks: int | Sequence[int | None] | None = None,
-    block_sizes: int | Sequence[int] = 16,
-    prefix_caching: bool | Sequence[bool] = True,
-    eviction: str | Sequence[str] = "lru",
-    max_batch: int | Sequence[int] = 256,
-    step_ms: float | Sequence[float] = DEFAULT_STEP_MS,
-    limit: int | None = None,
-    max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
-    max_prefill_tokens: int | None = None,
-    sliding_window: int | None | Sequence[int | None] = None,
-    attention_chunk_size: int | None | Sequence[int | None] = None,
-    prefill_us_per_token: float = DEFAULT_COST.prefill_us_per_token,
-    decode_us_per_token: float = DEFAULT_COST.decode_us_per_token,
-    step_overhead_us: float = DEFAULT_COST.step_overhead_us,
-    prefill_tokens_per_step: int | None = DEFAULT_COST.prefill_tokens_per_step,
-    trace_format: str = "auto",
     out: str | os.PathLike | None = None,
     scheduler=None,
     n_workers: int | None = None,
     progress: bool | None = None,
     on_row: Callable[[dict], object] | None = None,
+    **grid: Unpack[GridOptions],
 ) -> SweepResult:
     """Run every simulation of a grid as a Dask task and collect one row per simulation.
 
     Parameters
     ----------
-    traces, blocks, block_sizes, prefix_caching, eviction, max_batch, step_ms, limit, \
-max_seq_len, max_prefill_tokens, sliding_window, attention_chunk_size, prefill_us_per_token, \
-decode_us_per_token, step_overhead_us, prefill_tokens_per_step, trace_format
-        The grid, the cost profile and the trace files' format; see :func:`make_grid`.
+    traces : str or sequence of str
+        Embedded trace names or trace files, as :func:`make_grid` takes them.
     out : str or path-like, optional
         Output folder: rows are appended to ``results.jsonl`` and ``results.csv`` as each task
         finishes, and points already there are skipped (resume). ``None`` keeps rows in memory.
@@ -755,6 +766,9 @@ decode_us_per_token, step_overhead_us, prefill_tokens_per_step, trace_format
     on_row : callable, optional
         Called with each new row once it is written (an exception raised there, such as
         ``KeyboardInterrupt``, stops the sweep; the rows written so far stay).
+    **grid
+        The grid, the cost profile and the trace files' format: the keywords of
+        :func:`make_grid` (:class:`GridOptions`), with its defaults.
 
     Returns
     -------
@@ -771,25 +785,7 @@ decode_us_per_token, step_overhead_us, prefill_tokens_per_step, trace_format
         ``distributed`` is not installed (``pip install 'kvnumba[sweep]'``).
     """
     t0 = time.perf_counter()
-    points = make_grid(
-        traces,
-        blocks=blocks,
-        block_sizes=block_sizes,
-        prefix_caching=prefix_caching,
-        eviction=eviction,
-        max_batch=max_batch,
-        step_ms=step_ms,
-        limit=limit,
-        max_seq_len=max_seq_len,
-        max_prefill_tokens=max_prefill_tokens,
-        sliding_window=sliding_window,
-        attention_chunk_size=attention_chunk_size,
-        prefill_us_per_token=prefill_us_per_token,
-        decode_us_per_token=decode_us_per_token,
-        step_overhead_us=step_overhead_us,
-        prefill_tokens_per_step=prefill_tokens_per_step,
-        trace_format=trace_format,
-    )
+    points = make_grid(traces, **grid)
     check_traces(points)
     store = ResultStore(out) if out is not None else None
     done = store.load() if store is not None else {}
