@@ -74,10 +74,10 @@ def worker(manager: str, model_dir: Path, out: Path) -> None:
     sched = llm.llm_engine.engine_core.engine_core.scheduler
     result["manager"] = type(sched.kv_cache_manager).__qualname__
     if manager != "vllm":
-        from kvnumba.integrations import vllm_compile
+        from kvnumba.integrations.vllm import precompile
 
-        vllm_compile.wait_for_compile()  # the children's CPU counts once they are waited for
-        result.update(vllm_compile.report)
+        precompile.wait_for_compile()  # the children's CPU counts once they are waited for
+        result.update(precompile.report)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     result["children_cpu_s"] = usage.ru_utime + usage.ru_stime
     out.write_text(json.dumps(result))

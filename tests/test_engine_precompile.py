@@ -1,6 +1,6 @@
 """The engine kernels compile ahead of time or in the background, and the manager waits for them.
 
-``kvnumba.integrations.vllm_compile`` imports neither numba nor vLLM, so these run without vLLM.
+``kvnumba.integrations.vllm.precompile`` imports neither numba nor vLLM, so these run without vLLM.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import time
 import pytest
 
 from kvnumba import kernels
-from kvnumba.integrations import vllm_compile
-from kvnumba.integrations.vllm_compile import PRECOMPILE_ENV, compile_lock, wanted
+from kvnumba.integrations.vllm import precompile
+from kvnumba.integrations.vllm.precompile import PRECOMPILE_ENV, compile_lock, wanted
 
 
 @pytest.mark.parametrize(
@@ -39,13 +39,13 @@ def test_engine_kernels_are_entry_kernels_in_disjoint_groups():
     assert set(kernels.ENGINE) <= set(kernels.SIGNATURES)
     assert not set(kernels.ENGINE) & kernels.PAGED
     assert len(set(kernels.ENGINE)) == len(kernels.ENGINE)
-    assert vllm_compile.NUM_GROUPS == len(kernels.ENGINE_GROUPS)
+    assert precompile.NUM_GROUPS == len(kernels.ENGINE_GROUPS)
 
 
 def test_waiting_blocks_while_a_compile_holds_the_lock():
     returned = threading.Event()
     with compile_lock([1]):
-        waiter = threading.Thread(target=lambda: (vllm_compile.wait_for_compile(), returned.set()))
+        waiter = threading.Thread(target=lambda: (precompile.wait_for_compile(), returned.set()))
         waiter.start()
         time.sleep(0.3)
         assert not returned.is_set()
@@ -55,23 +55,23 @@ def test_waiting_blocks_while_a_compile_holds_the_lock():
 
 def test_the_lock_is_one_per_cache_location(monkeypatch, tmp_path):
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "a"))
-    first = vllm_compile.lock_path(0)
-    assert vllm_compile.lock_path(1) != first
+    first = precompile.lock_path(0)
+    assert precompile.lock_path(1) != first
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "b"))
-    assert vllm_compile.lock_path(0) != first
+    assert precompile.lock_path(0) != first
 
 
 def test_background_compile_fills_the_cache_and_the_manager_waits_for_it(monkeypatch):
     # The suite's NUMBA_CACHE_DIR (conftest) is the child's too.
-    monkeypatch.setattr(vllm_compile, "_children", [])
-    monkeypatch.setattr(vllm_compile, "_ready", False)
-    children = list(vllm_compile.start_background_compile())
+    monkeypatch.setattr(precompile, "_children", [])
+    monkeypatch.setattr(precompile, "_ready", False)
+    children = list(precompile.start_background_compile())
     assert len(children) == len(kernels.ENGINE_GROUPS)
-    assert vllm_compile.start_background_compile() == children  # once per process
-    vllm_compile.load_engine_kernels()
+    assert precompile.start_background_compile() == children  # once per process
+    precompile.load_engine_kernels()
     assert [child.poll() for child in children] == [0] * len(children)
     assert kernels.uncached(kernels.ENGINE) == []
-    assert vllm_compile._ready
+    assert precompile._ready
 
 
 def test_compile_command_engine_only_and_its_options():
@@ -107,7 +107,7 @@ def test_a_cold_manager_compiles_one_group_itself_and_the_other_in_a_child(tmp_p
     script = (
         "import json\n"
         "from kvnumba import kernels\n"
-        "from kvnumba.integrations import vllm_compile as c\n"
+        "from kvnumba.integrations.vllm import precompile as c\n"
         "c.load_engine_kernels()\n"
         "print(json.dumps({'report': c.report, 'children': [ch.args for ch in c._children],\n"
         "    'codes': [ch.returncode for ch in c._children],\n"
@@ -131,9 +131,9 @@ def test_a_plugin_that_cannot_start_its_children_leaves_vllm_starting(monkeypatc
     def refuse(*args, **kwargs):
         raise OSError("no more processes")
 
-    monkeypatch.setattr(vllm_compile, "_children", [])
-    monkeypatch.setattr(vllm_compile.subprocess, "Popen", refuse)
+    monkeypatch.setattr(precompile, "_children", [])
+    monkeypatch.setattr(precompile.subprocess, "Popen", refuse)
     monkeypatch.setenv(PRECOMPILE_ENV, "1")
-    vllm_compile.plugin()  # vLLM calls plugins unguarded: this must not raise
-    assert vllm_compile._children == []
+    precompile.plugin()  # vLLM calls plugins unguarded: this must not raise
+    assert precompile._children == []
     assert "no background compile" in caplog.text

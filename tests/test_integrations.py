@@ -10,7 +10,7 @@ import pytest
 
 from kvnumba._engine_keys import hash_to_key
 from kvnumba.integrations.block_hashes import hash_from_key, keys_from_hashes, keys_from_runs
-from kvnumba.integrations.vllm_version import (
+from kvnumba.integrations.vllm.version import (
     OVERRIDE_ENV,
     SUPPORTED_RANGE,
     check_vllm_version,
@@ -88,7 +88,14 @@ def test_importing_the_adapter_without_vllm_says_which_vllm():
     try:
         import vllm  # noqa: F401
     except ImportError:
+        import kvnumba.integrations.vllm as adapter  # the package loads: its names do not
+
+        for name in adapter.__all__:
+            with pytest.raises(ImportError, match="needs vLLM 0.32.x-0.33.x"):
+                getattr(adapter, name)
         with pytest.raises(ImportError, match="needs vLLM 0.32.x-0.33.x"):
-            import kvnumba.integrations.vllm  # noqa: F401
+            from kvnumba.integrations.vllm import KVNumbaScheduler  # noqa: F401
+        with pytest.raises(AttributeError, match="no attribute 'Missing'"):
+            adapter.Missing  # noqa: B018
     else:
         pytest.skip("vLLM is installed here; the adapter is tested by scripts/vllm_env.sh compare")

@@ -17,7 +17,7 @@ import random
 
 import pytest
 
-from kvnumba.integrations.vllm_version import SUPPORTED_RELEASES, release_of  # noqa: E402
+from kvnumba.integrations.vllm.version import SUPPORTED_RELEASES, release_of  # noqa: E402
 
 vllm = pytest.importorskip("vllm")
 if release_of(vllm.__version__) not in SUPPORTED_RELEASES:

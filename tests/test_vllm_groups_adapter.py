@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import kvnumba
-from kvnumba.integrations.vllm_version import SUPPORTED_RELEASES, release_of
+from kvnumba.integrations.vllm.version import SUPPORTED_RELEASES, release_of
 
 vllm = pytest.importorskip("vllm")
 if release_of(vllm.__version__) not in SUPPORTED_RELEASES:

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import vllm
-from vllm.v1.core import kv_cache_utils
+from kvnumba.integrations.vllm.version import release_of, require_vllm
 
-from kvnumba.integrations.vllm_version import release_of
+require_vllm()  # before anything of vLLM's: a clear error for a missing or unsupported vLLM
+
+import vllm  # noqa: E402
+from vllm.v1.core import kv_cache_utils  # noqa: E402
 
 
 class Release(NamedTuple):

@@ -30,8 +30,8 @@ from kvnumba.integrations.vllm import _events
 from kvnumba.integrations.vllm._maintenance import CacheMaintenance
 from kvnumba.integrations.vllm._unserved import UnservedFeatureSteps
 from kvnumba.integrations.vllm._views import BlockPoolView, CoordinatorView
+from kvnumba.integrations.vllm.precompile import load_engine_kernels
 from kvnumba.integrations.vllm.support import manager_fallback_reason, uses_groups_manager
-from kvnumba.integrations.vllm_compile import load_engine_kernels
 from kvnumba.kernels import ENGINE_POLICY, compile_all
 from kvnumba.state import BlockFlag, Meta, slot_mask
 
@@ -213,7 +213,7 @@ class KVNumbaKVCacheManager(CacheMaintenance, UnservedFeatureSteps):
             max_seqs = min(num_blocks - 1, 1024)
         if eviction is None:
             eviction = os.environ.get(EVICTION_ENV) or "lru"
-        # Compiled or loaded now, not at the first step (see vllm_compile).
+        # Compiled or loaded now, not at the first step (see precompile).
         load_engine_kernels(logger)
         if eviction != "lru":
             policy_code(eviction)  # a bad name fails here, before any compile

@@ -28,7 +28,7 @@ import os
 
 import pytest
 
-from kvnumba.integrations.vllm_lists import read_test_list
+from kvnumba.integrations.vllm.suite_lists import read_test_list
 
 ALLOWLIST_ENV = "KVNUMBA_VLLM_ALLOWLIST"
 REPORT_ENV = "KVNUMBA_VLLM_REPORT"

@@ -3,7 +3,8 @@
 The adapter reaches into vLLM's scheduler-facing interface (``KVCacheManager``'s constructor,
 its ``coordinator`` and ``block_pool``, the event and stats types), which changes between vLLM
 releases without notice. The supported release lines are each proven by their own vLLM tests;
-any other version is refused at import time rather than misbehaving at run time. What differs
+any other version is refused when the adapter loads (:func:`require_vllm`) rather than
+misbehaving at run time. What differs
 between the supported lines lives in ``kvnumba.integrations.vllm._compat``.
 """
 
@@ -64,3 +65,22 @@ def check_vllm_version(version: str | None) -> None:
         f"its KVCacheManager interface is release-specific. Install a supported release, or "
         f"set {OVERRIDE_ENV}=1 to try this version anyway (untested)."
     )
+
+
+def require_vllm() -> None:
+    """Import vLLM and check its version (:func:`check_vllm_version`); the adapter's modules
+    call it before they import anything of vLLM's.
+
+    Raises
+    ------
+    ImportError
+        vLLM is not importable, or not of a supported release line.
+    """
+    try:
+        import vllm
+    except ImportError as exc:  # say which vLLM is needed, keep the cause
+        raise ImportError(
+            f"kvnumba.integrations.vllm needs vLLM {SUPPORTED_RANGE}, which is not importable "
+            "(a CPU-only build: scripts/vllm_env.sh build, see docs/vllm.md)"
+        ) from exc
+    check_vllm_version(getattr(vllm, "__version__", None))
