@@ -255,6 +255,7 @@ def validated_geometry(
     window_release="append",
     cache_duplicates=False,
     priority_leaves=False,
+    priority_forest=False,
 ) -> Geometry:
     """The validated :class:`Geometry` of a new manager.
 
@@ -318,6 +319,7 @@ def validated_geometry(
         explicit_release=window_release == "explicit",
         cache_duplicates=cache_duplicates,
         priority_leaves=bool(priority_leaves),
+        priority_forest=bool(priority_forest),
     )
 
 

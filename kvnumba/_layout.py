@@ -101,6 +101,10 @@ M_CACHE_DUPLICATES = M_EXPLICIT_RELEASE + 1
 # A priority policy (``kvnumba.priority``): 1 if only leaves of the cached prefix forest are
 # candidates (the heap holds leaves only), 0 if every cached block is.
 M_PRIORITY_LEAVES = M_CACHE_DUPLICATES + 1
+# A priority policy: 1 if it keeps the cached prefix forest (leaves only, or its function reads
+# ``orphan``, ``children`` or the clocks); 0 if nothing it reads depends on the forest, and
+# its blocks' rows end with the heap links (``policy_columns``).
+M_PRIORITY_FOREST = M_PRIORITY_LEAVES + 1
 
 # --- columns of the eviction policies' per-block fields (``pol_words``, ``pol_links``) ------------
 W_VALUE = 0  # lfu, priority: hits since registration; oracle: the next use (-1: never)
@@ -116,7 +120,8 @@ W_DEPTH = 6  # the block's position in its sequence when it was registered
 PRIORITY_POL_WORDS = 7
 L_HEAP = 0  # the heap of evictable blocks, by position
 L_POS = 1  # a block's position in the heap, or -1
-# ``lfu`` keeps the heap only: its rows end here. The forest policies' rows go on.
+# ``lfu`` and a priority policy without the forest keep the heap only: their rows end here. The
+# forest policies' rows go on.
 HEAP_LINKS = 2
 L_PARENT = 2  # parent in the cached prefix forest (-1: a root; -2: its parent was gone)
 L_PGEN = 3  # the parent's generation when the block registered
@@ -125,7 +130,7 @@ L_KID = 5  # first listed cached child, or -1
 L_SIB_PREV = 6  # back link among a parent's cached children
 L_SIB_NEXT = 7  # forward link among them
 POL_LINKS = 8
-META_SIZE = M_PRIORITY_LEAVES + 1
+META_SIZE = M_PRIORITY_FOREST + 1
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
 S_LOG_N = 0  # undo-log entries written in this call
@@ -462,6 +467,8 @@ class Geometry(NamedTuple):
         Register a full block even when an equal block is registered (``cache_duplicates``).
     priority_leaves : bool
         A priority policy whose candidates are the leaves of the cached prefix forest.
+    priority_forest : bool
+        A priority policy that keeps the cached prefix forest (what it reads depends on it).
     """
 
     num_blocks: int
@@ -480,6 +487,7 @@ class Geometry(NamedTuple):
     explicit_release: bool = False
     cache_duplicates: bool = False
     priority_leaves: bool = False
+    priority_forest: bool = False
 
     @property
     def windowed(self) -> bool:
@@ -543,7 +551,7 @@ def _arena(fields: tuple[Field, ...], dims: dict[str, int]) -> tuple[np.ndarray,
 def state_dims(g: Geometry) -> dict[str, int]:
     """Values of the dimensions named in :data:`STATE_FIELDS`."""
     k = g.blocks_per_page
-    words, links = policy_columns(g.eviction)
+    words, links = policy_columns(g.eviction, g.priority_forest)
     return {
         "blocks": g.num_blocks,
         "block_size": g.block_size,
@@ -563,18 +571,21 @@ def state_dims(g: Geometry) -> dict[str, int]:
     }
 
 
-def policy_columns(eviction: int) -> tuple[int, int]:
+def policy_columns(eviction: int, priority_forest: bool = True) -> tuple[int, int]:
     """Columns of ``pol_words`` and of ``pol_links`` under policy code ``eviction``.
 
     A policy pays only for the columns it reads: none under ``lru`` and ``sieve`` (whose hand
     lives in ``meta`` and whose visited bit is :data:`F_VISITED`), the heap under ``lfu``, the
-    heap and the prefix forest under the leaf and priority policies.
+    heap and the prefix forest under the leaf policies and under a priority policy with
+    ``priority_forest``, the heap alone under one without.
     """
     if eviction in (0, POLICY_CODES["sieve"]):
         return 0, 0
     if eviction == POLICY_CODES["lfu"]:
         return POL_WORDS, HEAP_LINKS
-    return (PRIORITY_POL_WORDS if eviction == PRIORITY_CODE else POL_WORDS), POL_LINKS
+    if eviction == PRIORITY_CODE:
+        return PRIORITY_POL_WORDS, POL_LINKS if priority_forest else HEAP_LINKS
+    return POL_WORDS, POL_LINKS
 
 
 def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
@@ -631,6 +642,7 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
     meta[M_EXPLICIT_RELEASE] = 1 if g.explicit_release else 0
     meta[M_CACHE_DUPLICATES] = 1 if g.cache_duplicates else 0
     meta[M_PRIORITY_LEAVES] = 1 if g.priority_leaves else 0
+    meta[M_PRIORITY_FOREST] = 1 if g.priority_forest else 0
     for column in (L_POS, L_PARENT, L_KID, L_SIB_PREV, L_SIB_NEXT):
         if column < state.pol_links.shape[1]:
             state.pol_links[:, column] = NIL

@@ -187,6 +187,7 @@ class BlockManager:
         switches["eviction"] = policy_code(eviction, hindsight=_hindsight)
         priority = resolve_priority(eviction) if switches["eviction"] == PRIORITY_CODE else None
         switches["priority_leaves"] = priority is not None and priority.leaves_only
+        switches["priority_forest"] = priority is not None and priority.needs_forest()
         switches["sliding_window"] = sliding_window
         switches["attention_chunk_size"] = attention_chunk_size
         switches["kv_cache_groups"] = kv_cache_groups

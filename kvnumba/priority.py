@@ -236,6 +236,19 @@ class PriorityPolicy:
             return sum(_REKEY_BITS.values())
         return sum(bit for name, bit in _REKEY_BITS.items() if name in reads)
 
+    def needs_forest(self) -> bool:
+        """Whether the kernels keep the cached prefix forest for this policy: with
+        ``leaves_only``, or when a feature the function reads depends on it (``orphan``,
+        ``children``) or makes a block be keyed again when the forest changes (``clock``,
+        ``age``: :meth:`rekey_triggers`). Without it a block costs 24 bytes less and a release
+        into the cache or out of it skips the forest's links.
+
+        Returns
+        -------
+        bool
+        """
+        return self.leaves_only or bool(self.rekey_triggers() & (REKEY_ORPHAN | REKEY_CHILDREN))
+
     def address(self) -> int:
         """The address the kernels call (compiled on first use, once per process).
 

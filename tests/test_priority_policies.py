@@ -361,6 +361,45 @@ def test_rekey_triggers_are_the_features_read_or_all_with_a_clock():
     assert SHIPPED["rlt"].rekey_triggers() == every
 
 
+def test_only_a_policy_that_reads_the_forest_keeps_it():
+    """The cached prefix forest costs its links (24 bytes a block) and its upkeep only under a
+    policy that reads what depends on it; without, the kernels choose the reference model's
+    victims all the same (the model keeps its forest), and ``check()`` holds."""
+    from kvnumba._layout import HEAP_LINKS, POL_LINKS
+    from kvnumba.policies import SHIPPED
+
+    assert not SHIPPED["t-lru"].needs_forest()
+    assert SHIPPED["rlt"].needs_forest() and SHIPPED["gdsf"].needs_forest()  # leaves only
+    assert PriorityPolicy(_branches, name="p").needs_forest()  # reads orphan and children
+    assert PriorityPolicy(lambda f: f.clock, name="p").needs_forest()  # keyed at every change
+    assert not PriorityPolicy(lambda f: f.tag + f.depth, name="p").needs_forest()
+    widths = {}
+    for policy in (SHIPPED["t-lru"], AS_LRU, every_feature, AS_LEAF_LRU):
+        victims = [Victims(), Victims()]
+        kv = _workload(kvnumba.BlockManager(9, 2, eviction=policy, on_evict=victims[0]), 4)
+        ref = _workload(ReferenceBlockManager(9, 2, eviction=policy, on_evict=victims[1]), 4)
+        assert victims[0].ids == victims[1].ids and len(victims[0].ids) > 100, policy.name
+        assert kv.stats() == ref.stats()
+        widths[policy.name] = kv.state.pol_links.shape[1]
+    assert widths == {
+        "t-lru": HEAP_LINKS,
+        "as-lru": HEAP_LINKS,
+        every_feature.name: POL_LINKS,
+        "as-leaf-lru": POL_LINKS,
+    }
+
+
+def test_check_refuses_an_orphan_mark_without_the_forest():
+    mgr = kvnumba.BlockManager(4, 1, eviction=AS_LRU)
+    mgr.release(mgr.admit([1, 2], [2]).ids)
+    mgr.check()
+    from kvnumba._layout import F_ORPHAN
+
+    mgr._arenas.s.block_flags[1] |= F_ORPHAN  # planted: no forest, so no block is an orphan
+    with pytest.raises(kvnumba.InvariantViolation, match="flag"):
+        mgr.check()
+
+
 def test_features_are_documented_in_record_order():
     from kvnumba.priority import FEATURES, NUM_FEATURES
 

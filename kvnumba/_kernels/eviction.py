@@ -59,6 +59,7 @@ from kvnumba._layout import (
     M_POL_CLOCK,
     M_POLICY,
     M_POLICY_FAULTS,
+    M_PRIORITY_FOREST,
     M_PRIORITY_LEAVES,
     NIL,
     REKEY_CHILDREN,
@@ -325,9 +326,13 @@ def priority_of(v, b):
 
 # --- the cached prefix forest of the leaf and priority policies --------------------------------
 @inlined
-def keeps_forest(policy):
-    """Whether ``policy`` keeps the cached prefix forest (``leaf-lru``, ``oracle``, priority)."""
-    return policy == P_LEAF or policy == P_ORACLE or policy == P_PRIORITY
+def keeps_forest(v):
+    """Whether the manager's policy keeps the cached prefix forest: ``leaf-lru``, ``oracle``,
+    and a priority policy that reads what depends on it (``M_PRIORITY_FOREST``)."""
+    policy = v.meta[M_POLICY]
+    if policy == P_PRIORITY:
+        return v.meta[M_PRIORITY_FOREST] != 0
+    return policy == P_LEAF or policy == P_ORACLE
 
 
 @inlined
@@ -446,19 +451,26 @@ def enter_cache(v, b):
             _set_word(v, b, W_LENGTH, v.scr[S_RELEASE_LEN])
             if v.scr[S_RELEASE_TAG] != 0:  # a tagged sequence's release tags what it caches
                 _set_word(v, b, W_TAG, v.scr[S_RELEASE_TAG])
-        p = np.int64(pol_links(v)[b, L_PARENT])
-        if p >= 0 and pol_links(v)[p, L_GEN] == pol_links(v)[b, L_PGEN]:
-            if leaves and pol_links(v)[p, L_KID] == NIL and pol_links(v)[p, L_POS] != NIL:
-                heap_remove(v, p)  # no longer a leaf
-            _link_kid(v, b, p)
-            if policy == P_PRIORITY and not leaves and rekeys_on(v, REKEY_CHILDREN):
-                if is_cached(v, p):
-                    rekey(v, p)  # one child more
-        elif p != NIL:
-            _set_flags(v, b, v.block_flags[b] | F_ORPHAN)
+        if keeps_forest(v):
+            link_cached(v, b, leaves)
         _set_word(v, b, W_KEY, leaf_key(v, b))
         if not leaves or pol_links(v)[b, L_KID] == NIL:
             heap_push(v, b)
+
+
+@inlined
+def link_cached(v, b, leaves):
+    """Block ``b``, just cached, joins its parent's cached children (or becomes an orphan)."""
+    p = np.int64(pol_links(v)[b, L_PARENT])
+    if p >= 0 and pol_links(v)[p, L_GEN] == pol_links(v)[b, L_PGEN]:
+        if leaves and pol_links(v)[p, L_KID] == NIL and pol_links(v)[p, L_POS] != NIL:
+            heap_remove(v, p)  # no longer a leaf
+        _link_kid(v, b, p)
+        if v.meta[M_POLICY] == P_PRIORITY and not leaves and rekeys_on(v, REKEY_CHILDREN):
+            if is_cached(v, p):
+                rekey(v, p)  # one child more
+    elif p != NIL:
+        _set_flags(v, b, v.block_flags[b] | F_ORPHAN)
 
 
 @inlined
@@ -497,7 +509,7 @@ def leave_cache(v, b, how):
         return
     if pol_links(v)[b, L_POS] != NIL:
         heap_remove(v, b)
-    if policy == P_LFU:
+    if policy == P_LFU or not keeps_forest(v):
         return
     flags = v.block_flags[b]
     if flags & F_ORPHAN:
@@ -574,7 +586,7 @@ def note_registered(v, b, prev, by_content, pos):
         _set_word(v, b, W_HINT, -1)
         _set_word(v, b, W_TAG, 0)
         _set_word(v, b, W_DEPTH, pos)
-    if not keeps_forest(policy):
+    if not keeps_forest(v):
         return
     _set_link(v, b, L_GEN, pol_links(v)[b, L_GEN] + 1)
     p = np.int64(NIL)
@@ -592,7 +604,7 @@ def note_registered(v, b, prev, by_content, pos):
 @inlined
 def note_unregistered(v, b):
     """Block ``b`` (referenced) lost its registration: its cached children are orphans."""
-    if keeps_forest(v.meta[M_POLICY]):
+    if keeps_forest(v):
         orphan_kids(v, b)
 
 

@@ -14,6 +14,7 @@ from kvnumba._kernels.eviction import (
     P_PRIORITY,
     P_SIEVE,
     is_cached,
+    keeps_forest,
     leaf_key,
     leaves_only,
     pol_links,
@@ -101,7 +102,7 @@ def check_policy_state(st, seen):
     # The flags only some policies use: the visited bit (sieve, registered blocks only), the
     # floor mark (lfu, cached blocks without hits outside the heap) and the orphan mark (the
     # forest policies; checked with the forest below).
-    forest = policy != P_SIEVE and policy != P_LFU
+    forest = keeps_forest(st)
     floor = 0
     for b in range(num_blocks):
         flags = st.block_flags[b]
@@ -161,6 +162,10 @@ def check_policy_state(st, seen):
         for i in range(n):
             if key[heap[i]] < meta[M_POL_AGE]:
                 return C_POLICY_AGE, heap[i], key[heap[i]]
+        return 0, 0, 0
+    if not forest:  # a priority policy without the forest: every cached block in the heap
+        if n != meta[M_CACHED]:
+            return C_POLICY_HEAP, n, meta[M_CACHED]
         return 0, 0, 0
     # The forest: every listed child cached, valid and listed once, under its own parent.
     seen[:] = 0
