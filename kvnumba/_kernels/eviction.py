@@ -16,8 +16,8 @@ Every policy keeps the LRU list as the cached blocks in release order (``trim`` 
 ``reset_prefix_cache`` walk it); what it adds: ``lfu``, ``leaf-lru`` and ``oracle`` a binary
 min-heap of evictable blocks ordered by ``(key, stamp)``; ``sieve`` a hand on the list
 and a visited bit per block (the flag ``F_VISITED``: sieve has no per-block fields); the leaf
-policies a forest of cached blocks (a parent link with the parent's generation, intrusive lists
-of cached children). A policy's rows hold only the columns it reads
+policies, and a priority policy that reads it, a forest of cached blocks (a parent link with the
+parent's generation, intrusive lists of cached children). A policy's rows hold only the columns it reads
 (``_layout.policy_columns``). All writes to the per-block fields (``pol_words`` and
 ``pol_links``, columns ``W_*`` and ``L_*``, and the flags) are logged, so a failed logged call
 rolls them back; the ``meta`` slots are saved whole by such a call.
