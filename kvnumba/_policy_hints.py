@@ -15,7 +15,6 @@ from kvnumba.eviction import (
     BUILTIN_POLICIES,
     HINDSIGHT_POLICIES,
     check_next_use,
-    check_sequence_tags,
     check_tags,
 )
 from kvnumba.inputs import index_array
@@ -103,7 +102,7 @@ class PolicyHints:
             changed).
         """
         ids, values = index_array(seq_ids, "seq_ids"), index_array(tags, "tags")
-        check_sequence_tags(self.name, ids, values, priority=self.priority is not None)
+        check_tags(self.name, None, ids, values, priority=self.priority is not None)
         status, bad = resolved_of(self.kernels.k_set_sequence_tags(ids, values, *self.arenas.args))
         if status:
             raise failure(self.facts, status, bad, ids=ids)

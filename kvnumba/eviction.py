@@ -161,17 +161,19 @@ def check_next_use(policy: str, num_blocks: int, blocks, next_use, *, priority=F
         raise ValueError("next_use must be >= -1 (-1: never used again)")
 
 
-def check_tags(policy: str, num_blocks: int, blocks, tags, *, priority: bool) -> None:
-    """Validate the inputs of ``set_tags`` (a priority policy's per-block tags).
+def check_tags(policy: str, num_blocks: int | None, targets, tags, *, priority: bool) -> None:
+    """Validate the inputs of ``set_tags`` (a priority policy's tags of blocks) or, with
+    ``num_blocks=None``, of ``set_sequence_tags`` (its tags of sequences).
 
     Parameters
     ----------
     policy : str
         The manager's policy's name.
-    num_blocks : int
-        The manager's pool size.
-    blocks, tags : numpy.ndarray of int64
-        Block ids and the tag of each.
+    num_blocks : int or None
+        The manager's pool size; None when ``targets`` are sequence ids (the kernel checks
+        those).
+    targets, tags : numpy.ndarray of int64
+        Block ids or sequence ids, and the tag of each.
     priority : bool
         The manager's policy is a priority policy (no other reads tags).
 
@@ -180,39 +182,17 @@ def check_tags(policy: str, num_blocks: int, blocks, tags, *, priority: bool) ->
     ValueError
         For another policy, unequal lengths or a block outside the pool.
     """
+    call, what = ("set_tags", "blocks") if num_blocks is not None else ("set_sequence_tags", "ids")
     if not priority:
         raise ValueError(
-            f"set_tags tags blocks for a priority policy; this manager's is {policy!r}"
+            f"{call} tags {'sequences' if num_blocks is None else 'blocks'} for a priority "
+            f"policy; this manager's is {policy!r}"
         )
-    if blocks.shape != tags.shape:
-        raise ValueError(f"tags has {tags.shape[0]} entries for {blocks.shape[0]} blocks")
-    if blocks.size and (blocks.min() < 0 or blocks.max() >= num_blocks):
-        raise ValueError(f"block ids must be in [0, {num_blocks})")
-
-
-def check_sequence_tags(policy: str, ids, tags, *, priority: bool) -> None:
-    """Validate the inputs of ``set_sequence_tags`` (a priority policy's tags by sequence).
-
-    Parameters
-    ----------
-    policy : str
-        The manager's policy's name.
-    ids, tags : numpy.ndarray of int64
-        Sequence ids and the tag of each.
-    priority : bool
-        The manager's policy is a priority policy (no other reads tags).
-
-    Raises
-    ------
-    ValueError
-        For another policy or unequal lengths (the ids themselves are the kernel's to check).
-    """
-    if not priority:
-        raise ValueError(
-            f"set_sequence_tags tags sequences for a priority policy; this manager's is {policy!r}"
-        )
-    if ids.shape != tags.shape:
-        raise ValueError(f"tags has {tags.shape[0]} entries for {ids.shape[0]} ids")
+    if targets.shape != tags.shape:
+        raise ValueError(f"tags has {tags.shape[0]} entries for {targets.shape[0]} {what}")
+    if num_blocks is not None and targets.size:
+        if targets.min() < 0 or targets.max() >= num_blocks:
+            raise ValueError(f"block ids must be in [0, {num_blocks})")
 
 
 def is_valid_policy(eviction, *, hindsight: bool = True) -> bool:
