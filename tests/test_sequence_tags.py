@@ -196,3 +196,21 @@ def test_check_catches_a_tag_on_a_free_slot():
     with pytest.raises(kvnumba.InvariantViolation) as info:
         mgr.check()
     assert str(info.value) == MESSAGES[C_SEQ_TAG].format(a=1, b=9)
+
+
+def test_the_docs_tenant_example_tags_what_the_request_leaves_behind():
+    """The example of ``docs/eviction.md`` runs as written and tags the cached blocks."""
+    from pathlib import Path
+
+    from kvnumba._layout import W_TAG
+    from kvnumba.priority import priority_policy
+
+    text = (Path(__file__).parents[1] / "docs" / "eviction.md").read_text()
+    example = text.split("A tag set once per request")[1].split("```python\n")[1].split("```")[0]
+    prompt = list(range(40))  # two full blocks of 16 and a partial one
+    space = {"kvnumba": kvnumba, "priority_policy": priority_policy, "prompt": prompt}
+    exec(compile(example, "docs/eviction.md", "exec"), space)
+    mgr = space["mgr"]
+    assert mgr.stats().cached == 2
+    assert mgr.state.pol_words[:2, W_TAG].tolist() == [2, 2]
+    mgr.check()
