@@ -103,7 +103,8 @@ ORPHAN_KEY = NEVER_KEY - 1
 @njit(cache=True, inline="always")
 def pol_links(v):
     """The ``pol_links`` field (int32, ``L_*`` columns) of views ``v``'s state arena: the heap's
-    2 columns under ``lfu``, 8 with the prefix forest, none under ``sieve``."""
+    2 columns under ``lfu`` and a priority policy without the forest, 8 with the prefix forest,
+    none under ``sieve``."""
     arena = v.arena
     shape = (
         header_entry(arena, FIELD.pol_links, H_DIM0),

@@ -47,6 +47,7 @@ def __getattr__(name: str) -> Any:
     from kvnumba.integrations.vllm.version import require_vllm
 
     require_vllm()
+    importlib.import_module(f"{__name__}.scheduler")  # rebinds vLLM's KVCacheManager, once
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

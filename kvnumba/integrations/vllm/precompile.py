@@ -67,7 +67,7 @@ def lock_path(group: int) -> Path:
     pathlib.Path
         A file in the temporary folder, named after the user and the cache location.
     """
-    where = os.environ.get("NUMBA_CACHE_DIR") or str(Path(__file__).resolve().parents[1])
+    where = os.environ.get("NUMBA_CACHE_DIR") or str(Path(__file__).resolve().parents[2])
     digest = hashlib.sha256(where.encode()).hexdigest()[:16]
     user = getattr(os, "getuid", lambda: 0)()
     return Path(tempfile.gettempdir()) / f"kvnumba-compile-{user}-{digest}-{group}.lock"
