@@ -4,19 +4,15 @@ The policy itself lives in the kernels (``_kernels/eviction.py``) and in the sta
 manager built with a policy other than LRU binds the kernels' policy versions
 (:class:`~kvnumba._kernel_set.KernelSet`). This part answers ``mgr.eviction``, serves
 ``set_next_use`` (the hints of the simulator's hindsight policy and of priority policies) and
-``set_tags`` and ``set_sequence_tags``, and gives a priority policy's compiled function to this process's kernels.
+``set_tags`` and ``set_sequence_tags``, and gives a priority policy's compiled function to this
+process's kernels.
 """
 
 from __future__ import annotations
 
 from kvnumba._layout import S_PRIORITY_FN, S_PRIORITY_REKEY
 from kvnumba._pipeline import failure
-from kvnumba.eviction import (
-    BUILTIN_POLICIES,
-    HINDSIGHT_POLICIES,
-    check_next_use,
-    check_tags,
-)
+from kvnumba.eviction import BUILTIN_POLICIES, HINDSIGHT_POLICIES, check_next_use, check_tags
 from kvnumba.inputs import index_array
 from kvnumba.kernels import resolved_of
 

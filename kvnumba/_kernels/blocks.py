@@ -61,6 +61,8 @@ from kvnumba._layout import (
     S_EV_N,
     S_EV_PAYLOAD,
     S_LOG_ON,
+    S_RELEASE_LEN,
+    S_RELEASE_TAG,
 )
 
 
@@ -164,6 +166,15 @@ def return_to_page(v, b, cached):
         cache_in_page(v, b)
     else:
         free_in_page(v, b)
+
+
+@inlined
+def releasing(v, slot, length):
+    """Sequence ``slot`` is about to drop references (:func:`drop_ref`) at ``length`` tokens:
+    what a priority policy sees of the blocks this caches, their ``length`` and the sequence's
+    tag."""
+    v.scr[S_RELEASE_LEN] = length
+    v.scr[S_RELEASE_TAG] = v.seq_tag[slot]
 
 
 @inlined

@@ -11,7 +11,7 @@ import numpy as np
 from numba import int64, types
 
 from kvnumba._kernels.anchors import seq_anchors
-from kvnumba._kernels.blocks import drop_ref
+from kvnumba._kernels.blocks import drop_ref, releasing
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.outcomes import Status
@@ -26,8 +26,6 @@ from kvnumba._layout import (
     M_SLOT_TOP,
     NIL,
     NULL_BLOCK,
-    S_RELEASE_LEN,
-    S_RELEASE_TAG,
     S_STAMP,
 )
 from kvnumba.errors import (
@@ -147,8 +145,7 @@ def run_release(slots, arena, scratch, pool):
     clear_call_records(v.scr)
     for i in range(slots.shape[0]):
         slot = slots[i]
-        v.scr[S_RELEASE_LEN] = v.seq_len[slot]  # what a priority policy sees as the length
-        v.scr[S_RELEASE_TAG] = v.seq_tag[slot]  # and the tag it gives the blocks it caches
+        releasing(v, slot, v.seq_len[slot])
         for pos in range(blocks_of(v.seq_len[slot], block_size) - 1, -1, -1):
             b = seq_table[slot, pos]
             seq_table[slot, pos] = NIL

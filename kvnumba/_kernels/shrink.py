@@ -6,7 +6,7 @@ conveniences"). Every worker is compiled once, out of line, and loaded only when
 """
 
 from kvnumba._kernels.anchors import seq_anchors
-from kvnumba._kernels.blocks import drop_ref, evict_to_free, reclaim_tail
+from kvnumba._kernels.blocks import drop_ref, evict_to_free, reclaim_tail, releasing
 from kvnumba._kernels.eviction import policy_unregistered
 from kvnumba._kernels.geometry import blocks_of
 from kvnumba._kernels.jit import out_of_line
@@ -25,8 +25,6 @@ from kvnumba._layout import (
     NULL_BLOCK,
     S_EV_N,
     S_EV_PAYLOAD,
-    S_RELEASE_LEN,
-    S_RELEASE_TAG,
 )
 from kvnumba.errors import (
     ST_BAD_BLOCK,
@@ -100,8 +98,7 @@ def run_truncate(ids, new_lens, slots, arena, scratch, pool):
         if new == length:
             continue
         keep = blocks_of(new, block_size)
-        v.scr[S_RELEASE_LEN] = new  # what a priority policy sees as the releasing length
-        v.scr[S_RELEASE_TAG] = v.seq_tag[slot]
+        releasing(v, slot, new)
         for pos in range(blocks_of(length, block_size) - 1, keep - 1, -1):
             drop_ref(v, seq_table[slot, pos])
             seq_table[slot, pos] = NIL

@@ -17,7 +17,7 @@ import numpy as np
 from numba.core.extending import overload
 
 from kvnumba._kernels.anchors import seq_anchors
-from kvnumba._kernels.blocks import drop_ref
+from kvnumba._kernels.blocks import drop_ref, releasing
 from kvnumba._kernels.jit import inlined, out_of_line
 from kvnumba._kernels.outcomes import PromptHits
 from kvnumba._kernels.prefix import chain_hash, root_hash
@@ -35,8 +35,6 @@ from kvnumba._layout import (
     M_KEYED,
     M_WINDOWS,
     NULL_BLOCK,
-    S_RELEASE_LEN,
-    S_RELEASE_TAG,
 )
 from kvnumba.windows import first_needed_block, group_hit, window_hit
 
@@ -121,8 +119,7 @@ def drop_out_of_window(arena, scratch, pool, slot, length):
     v = views(arena, scratch, pool)
     if not has_drops(v, slot, length):
         return 0
-    v.scr[S_RELEASE_LEN] = length  # what a priority policy sees as the releasing length
-    v.scr[S_RELEASE_TAG] = v.seq_tag[slot]
+    releasing(v, slot, length)
     seq_table = v.seq_table
     width = seq_table.shape[1]
     pos = first_needed(v, slot, length) - 1

@@ -142,8 +142,8 @@ class CallsMixin(ModelState):
         drops = self._window_drops(slot, length)
         if drops:
             self._anchor[slot] = self._hash[table[drops[0]]]
-            self._policy.release_len = self._len[slot] if length is None else length
-            self._policy.release_tag = self._seq_tag[slot]
+            released = self._len[slot] if length is None else length
+            self._policy.releasing(released, self._seq_tag[slot])
         for j in drops:
             block = table[j]
             table[j] = NULL_BLOCK

@@ -57,8 +57,7 @@ class EngineMixin(ModelState):
                 continue
             keep = _blocks_for(new, bs)
             table = self._table[slot]
-            self._policy.release_len = new
-            self._policy.release_tag = self._seq_tag[slot]
+            self._policy.releasing(new, self._seq_tag[slot])
             while len(table) > keep:
                 self._drop_ref(table.pop())
             self._len[slot] = new

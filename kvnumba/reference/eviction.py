@@ -74,6 +74,11 @@ class LruPolicy:
     #: ... and its tag (``set_sequence_tags``; 0: none), given to the blocks it caches.
     release_tag: int = field(default=0, repr=False, compare=False)
 
+    def releasing(self, length: int, tag: int) -> None:
+        """A sequence of ``length`` tokens and tag ``tag`` is about to release blocks: what a
+        priority policy sees of the blocks this caches."""
+        self.release_len, self.release_tag = length, tag
+
     @classmethod
     def new(cls: type[P], num_blocks: int) -> P:
         """The policy's state for a fresh pool of ``num_blocks`` blocks."""

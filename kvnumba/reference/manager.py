@@ -469,8 +469,7 @@ class ReferenceBlockManager(
         slots = self._resolve_all(ids, unique=True)
         self._begin_call()
         for slot in slots:
-            self._policy.release_len = self._len[slot]
-            self._policy.release_tag = self._seq_tag[slot]
+            self._policy.releasing(self._len[slot], self._seq_tag[slot])
             for block in reversed(self._table[slot]):
                 if block != NULL_BLOCK:
                     self._drop_ref(block)
