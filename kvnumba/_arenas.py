@@ -256,6 +256,7 @@ def validated_geometry(
     cache_duplicates=False,
     priority_leaves=False,
     priority_forest=False,
+    priority_features=0,
 ) -> Geometry:
     """The validated :class:`Geometry` of a new manager.
 
@@ -320,6 +321,7 @@ def validated_geometry(
         cache_duplicates=cache_duplicates,
         priority_leaves=bool(priority_leaves),
         priority_forest=bool(priority_forest),
+        priority_features=int(priority_features),
     )
 
 

@@ -107,17 +107,21 @@ M_PRIORITY_LEAVES = M_CACHE_DUPLICATES + 1
 M_PRIORITY_FOREST = M_PRIORITY_LEAVES + 1
 
 # --- columns of the eviction policies' per-block fields (``pol_words``, ``pol_links``) ------------
-W_VALUE = 0  # lfu, priority: hits since registration; oracle: the next use (-1: never)
-W_KEY = 1  # heap priority of a cached block
-W_STAMP = 2  # release stamp of a cached block
+W_KEY = 0  # heap priority of a cached block
+W_STAMP = 1  # release stamp of a cached block
+# ``leaf-lru``'s rows end here (its key is the orphan mark, its order the stamps).
+HEAP_WORDS = 2
+W_VALUE = 2  # lfu: hits since registration; oracle: the next use (-1: never)
 POL_WORDS = 3
-# A priority policy's blocks have four words more (the other policies' rows stay 3 wide: the
-# width is the field's second dimension, read from the arena header).
-W_HINT = 3  # the next-use hint (``set_next_use``; -1: none)
-W_TAG = 4  # the caller's tag (``set_tags``; 0 when registered)
-W_LENGTH = 5  # tokens of the sequence whose release cached the block, at that release
-W_DEPTH = 6  # the block's position in its sequence when it was registered
-PRIORITY_POL_WORDS = 7
+# A priority policy's rows hold, after the key and the stamp, one column for each of these
+# features that its function reads, in this order (``policy_columns``); ``meta[M_FEATURE_COL +
+# i]`` is the column of feature ``i`` (``FT_*``), or -1 where the function does not read it.
+PRIORITY_STORED = ("hits", "next_use", "tag", "length", "depth")
+FT_HITS = 0  # prefix hits since registration
+FT_HINT = 1  # the next-use hint (``set_next_use``; -1: none)
+FT_TAG = 2  # the caller's tag (``set_tags``, ``set_sequence_tags``; 0 when registered)
+FT_LENGTH = 3  # tokens of the sequence whose release cached the block, at that release
+FT_DEPTH = 4  # the block's position in its sequence when it was registered
 L_HEAP = 0  # the heap of evictable blocks, by position
 L_POS = 1  # a block's position in the heap, or -1
 # ``lfu`` and a priority policy without the forest keep the heap only: their rows end here. The
@@ -130,7 +134,9 @@ L_KID = 5  # first listed cached child, or -1
 L_SIB_PREV = 6  # back link among a parent's cached children
 L_SIB_NEXT = 7  # forward link among them
 POL_LINKS = 8
-META_SIZE = M_PRIORITY_FOREST + 1
+# A priority policy: the column of each stored feature (``FT_*``) in its blocks' rows, or -1.
+M_FEATURE_COL = M_PRIORITY_FOREST + 1
+META_SIZE = M_FEATURE_COL + len(PRIORITY_STORED)
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
 S_LOG_N = 0  # undo-log entries written in this call
@@ -469,6 +475,9 @@ class Geometry(NamedTuple):
         A priority policy whose candidates are the leaves of the cached prefix forest.
     priority_forest : bool
         A priority policy that keeps the cached prefix forest (what it reads depends on it).
+    priority_features : int
+        A priority policy: bit ``i`` set when its function reads feature
+        ``PRIORITY_STORED[i]``, which its blocks' rows then hold.
     """
 
     num_blocks: int
@@ -488,6 +497,7 @@ class Geometry(NamedTuple):
     cache_duplicates: bool = False
     priority_leaves: bool = False
     priority_forest: bool = False
+    priority_features: int = 0
 
     @property
     def windowed(self) -> bool:
@@ -551,7 +561,7 @@ def _arena(fields: tuple[Field, ...], dims: dict[str, int]) -> tuple[np.ndarray,
 def state_dims(g: Geometry) -> dict[str, int]:
     """Values of the dimensions named in :data:`STATE_FIELDS`."""
     k = g.blocks_per_page
-    words, links = policy_columns(g.eviction, g.priority_forest)
+    words, links = policy_columns(g.eviction, g.priority_forest, g.priority_features)
     return {
         "blocks": g.num_blocks,
         "block_size": g.block_size,
@@ -571,20 +581,28 @@ def state_dims(g: Geometry) -> dict[str, int]:
     }
 
 
-def policy_columns(eviction: int, priority_forest: bool = True) -> tuple[int, int]:
+def policy_columns(
+    eviction: int, priority_forest: bool = True, priority_features: int = -1
+) -> tuple[int, int]:
     """Columns of ``pol_words`` and of ``pol_links`` under policy code ``eviction``.
 
     A policy pays only for the columns it reads: none under ``lru`` and ``sieve`` (whose hand
-    lives in ``meta`` and whose visited bit is :data:`F_VISITED`), the heap under ``lfu``, the
-    heap and the prefix forest under the leaf policies and under a priority policy with
-    ``priority_forest``, the heap alone under one without.
+    lives in ``meta`` and whose visited bit is :data:`F_VISITED`), key, stamp and hits and the
+    heap under ``lfu``, key and stamp (and ``oracle`` its next uses), the heap and the prefix
+    forest under the leaf policies; under a priority policy key and stamp, a column per stored
+    feature its function reads (bits of ``priority_features``, :data:`PRIORITY_STORED`; -1:
+    all), the heap, and the forest with ``priority_forest``.
     """
     if eviction in (0, POLICY_CODES["sieve"]):
         return 0, 0
     if eviction == POLICY_CODES["lfu"]:
         return POL_WORDS, HEAP_LINKS
     if eviction == PRIORITY_CODE:
-        return PRIORITY_POL_WORDS, POL_LINKS if priority_forest else HEAP_LINKS
+        stored = priority_features & ((1 << len(PRIORITY_STORED)) - 1)
+        words = HEAP_WORDS + bin(stored).count("1")
+        return words, POL_LINKS if priority_forest else HEAP_LINKS
+    if eviction == POLICY_CODES["leaf-lru"]:
+        return HEAP_WORDS, POL_LINKS
     return POL_WORDS, POL_LINKS
 
 
@@ -643,6 +661,12 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
     meta[M_CACHE_DUPLICATES] = 1 if g.cache_duplicates else 0
     meta[M_PRIORITY_LEAVES] = 1 if g.priority_leaves else 0
     meta[M_PRIORITY_FOREST] = 1 if g.priority_forest else 0
+    column = HEAP_WORDS
+    for i in range(len(PRIORITY_STORED)):
+        meta[M_FEATURE_COL + i] = NIL
+        if g.eviction == PRIORITY_CODE and g.priority_features >> i & 1:
+            meta[M_FEATURE_COL + i] = column
+            column += 1
     for column in (L_POS, L_PARENT, L_KID, L_SIB_PREV, L_SIB_NEXT):
         if column < state.pol_links.shape[1]:
             state.pol_links[:, column] = NIL

@@ -188,6 +188,7 @@ class BlockManager:
         priority = resolve_priority(eviction) if switches["eviction"] == PRIORITY_CODE else None
         switches["priority_leaves"] = priority is not None and priority.leaves_only
         switches["priority_forest"] = priority is not None and priority.needs_forest()
+        switches["priority_features"] = 0 if priority is None else priority.stored_features()
         switches["sliding_window"] = sliding_window
         switches["attention_chunk_size"] = attention_chunk_size
         switches["kv_cache_groups"] = kv_cache_groups

@@ -32,7 +32,13 @@ from numba import njit, types
 from numba.core import config
 from numba.core.registry import CPUDispatcher
 
-from kvnumba._layout import REKEY_CHILDREN, REKEY_NEXT_USE, REKEY_ORPHAN, REKEY_TAG
+from kvnumba._layout import (
+    PRIORITY_STORED,
+    REKEY_CHILDREN,
+    REKEY_NEXT_USE,
+    REKEY_ORPHAN,
+    REKEY_TAG,
+)
 
 __all__ = ["BlockFeatures", "PriorityPolicy", "priority_policy", "resolve"]
 
@@ -248,6 +254,20 @@ class PriorityPolicy:
         bool
         """
         return self.leaves_only or bool(self.rekey_triggers() & (REKEY_ORPHAN | REKEY_CHILDREN))
+
+    def stored_features(self) -> int:
+        """The features the kernels keep per cached block for this policy: bit ``i`` set for
+        ``kvnumba._layout.PRIORITY_STORED[i]`` when the function reads it. The others (and the
+        features computed when called: ``block``, ``stamp``, the clocks, ``children``,
+        ``orphan``, ``block_size``) cost no bytes per block; the function is called with a
+        placeholder for a feature it does not read.
+
+        Returns
+        -------
+        int
+        """
+        reads = self.features_read()
+        return sum(1 << i for i, name in enumerate(PRIORITY_STORED) if name in reads)
 
     def address(self) -> int:
         """The address the kernels call (compiled on first use, once per process).

@@ -389,6 +389,45 @@ def test_only_a_policy_that_reads_the_forest_keeps_it():
     }
 
 
+@priority_policy("hits-then-tag")
+def _hits_then_tag(f):
+    return f.hits * 1000 + f.tag * 10 + f.stamp % 10
+
+
+def test_a_block_keeps_only_the_features_its_priority_reads():
+    """A stored feature (hits, next-use hint, tag, length, depth) costs its 8 bytes a block
+    only under a policy whose function reads it; a tag or hint set for one that does not is
+    dropped, and the victims stay the reference model's, which keeps every feature."""
+    from kvnumba._layout import FT_HITS, FT_TAG, HEAP_WORDS, M_FEATURE_COL
+    from kvnumba.policies import SHIPPED
+
+    widths = {}
+    for policy in (AS_LRU, SHIPPED["t-lru"], _hits_then_tag, every_feature):
+        victims = [Victims(), Victims()]
+        sides = []
+        for cls, sink in zip((kvnumba.BlockManager, ReferenceBlockManager), victims, strict=True):
+            mgr = cls(9, 2, eviction=policy, on_evict=sink)
+            ids = mgr.admit([0, 1, 0, 1, 1], [5]).ids
+            mgr.set_sequence_tags(ids, [3])
+            mgr.set_tags([0, 1], [7, 4])
+            mgr.set_next_use([0], [5])
+            mgr.release(ids)
+            sides.append(_workload(mgr, 6))
+        assert victims[0].ids == victims[1].ids and len(victims[0].ids) > 100, policy.name
+        assert sides[0].stats() == sides[1].stats()
+        widths[policy.name] = sides[0].state.pol_words.shape[1]
+    assert widths == {
+        "as-lru": HEAP_WORDS,  # key and stamp
+        "t-lru": HEAP_WORDS + 2,  # length and depth
+        "hits-then-tag": HEAP_WORDS + 2,
+        every_feature.name: HEAP_WORDS + 5,
+    }
+    meta = kvnumba.BlockManager(4, 2, eviction=_hits_then_tag).state.meta
+    assert meta[M_FEATURE_COL + FT_HITS] == HEAP_WORDS
+    assert meta[M_FEATURE_COL + FT_TAG] == HEAP_WORDS + 1
+    assert [meta[M_FEATURE_COL + i] for i in range(5)].count(-1) == 3
+
+
 def test_check_refuses_an_orphan_mark_without_the_forest():
     mgr = kvnumba.BlockManager(4, 1, eviction=AS_LRU)
     mgr.release(mgr.admit([1, 2], [2]).ids)

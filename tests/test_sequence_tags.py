@@ -202,7 +202,7 @@ def test_the_docs_tenant_example_tags_what_the_request_leaves_behind():
     """The example of ``docs/eviction.md`` runs as written and tags the cached blocks."""
     from pathlib import Path
 
-    from kvnumba._layout import W_TAG
+    from kvnumba._layout import FT_TAG, M_FEATURE_COL
     from kvnumba.priority import priority_policy
 
     text = (Path(__file__).parents[1] / "docs" / "eviction.md").read_text()
@@ -212,5 +212,6 @@ def test_the_docs_tenant_example_tags_what_the_request_leaves_behind():
     exec(compile(example, "docs/eviction.md", "exec"), space)
     mgr = space["mgr"]
     assert mgr.stats().cached == 2
-    assert mgr.state.pol_words[:2, W_TAG].tolist() == [2, 2]
+    tag_column = mgr.state.meta[M_FEATURE_COL + FT_TAG]
+    assert mgr.state.pol_words[:2, tag_column].tolist() == [2, 2]
     mgr.check()

@@ -41,6 +41,11 @@ from kvnumba._layout import (
     F_REGISTERED,
     F_VISITED,
     FIELD,
+    FT_DEPTH,
+    FT_HINT,
+    FT_HITS,
+    FT_LENGTH,
+    FT_TAG,
     H_DIM0,
     H_DIM1,
     H_OFFSET,
@@ -52,6 +57,7 @@ from kvnumba._layout import (
     L_POS,
     L_SIB_NEXT,
     L_SIB_PREV,
+    M_FEATURE_COL,
     M_HAND,
     M_HEAP_N,
     M_LRU_HEAD,
@@ -71,12 +77,8 @@ from kvnumba._layout import (
     S_PRIORITY_REKEY,
     S_RELEASE_LEN,
     S_RELEASE_TAG,
-    W_DEPTH,
-    W_HINT,
     W_KEY,
-    W_LENGTH,
     W_STAMP,
-    W_TAG,
     W_VALUE,
 )
 from kvnumba.eviction import POLICY_CODES, PRIORITY_CODE
@@ -139,6 +141,23 @@ def _set_word(v, b, column, value):
     words = pol_words(v)
     log_write(v, FIELD.pol_words, b * words.shape[1] + column, words[b, column])
     words[b, column] = value
+
+
+@inlined
+def feature(v, b, ft, default):
+    """Stored feature ``ft`` (``FT_*``) of block ``b`` under a priority policy; ``default``
+    where its function does not read it (no column)."""
+    column = v.meta[M_FEATURE_COL + ft]
+    return pol_words(v)[b, column] if column >= 0 else np.int64(default)
+
+
+@inlined
+def set_feature(v, b, ft, value):
+    """Store feature ``ft`` of block ``b`` under a priority policy (logged); nothing where
+    its function does not read it."""
+    column = v.meta[M_FEATURE_COL + ft]
+    if column >= 0:
+        _set_word(v, b, column, value)
 
 
 # --- the heap: a min-heap of blocks on (key, stamp) --------------------------------------------
@@ -311,16 +330,16 @@ def priority_of(v, b):
     meta = v.meta
     f = S_FEATURES
     scr[f] = b
-    scr[f + 1] = words[b, W_VALUE]
+    scr[f + 1] = feature(v, b, FT_HITS, 0)
     scr[f + 2] = words[b, W_STAMP]
     scr[f + 3] = meta[M_POL_CLOCK]
     scr[f + 4] = meta[M_POL_AGE]
-    scr[f + 5] = words[b, W_DEPTH]
+    scr[f + 5] = feature(v, b, FT_DEPTH, 0)
     scr[f + 6] = children
     scr[f + 7] = 1 if v.block_flags[b] & F_ORPHAN else 0
-    scr[f + 8] = words[b, W_HINT]
-    scr[f + 9] = words[b, W_TAG]
-    scr[f + 10] = words[b, W_LENGTH]
+    scr[f + 8] = feature(v, b, FT_HINT, -1)
+    scr[f + 9] = feature(v, b, FT_TAG, 0)
+    scr[f + 10] = feature(v, b, FT_LENGTH, 0)
     scr[f + 11] = v.tokens.shape[1]
     return np.int64(call_priority(scr, scr[S_PRIORITY_FN]))
 
@@ -449,9 +468,9 @@ def enter_cache(v, b):
     else:
         leaves = leaves_only(v)
         if policy == P_PRIORITY:
-            _set_word(v, b, W_LENGTH, v.scr[S_RELEASE_LEN])
+            set_feature(v, b, FT_LENGTH, v.scr[S_RELEASE_LEN])
             if v.scr[S_RELEASE_TAG] != 0:  # a tagged sequence's release tags what it caches
-                _set_word(v, b, W_TAG, v.scr[S_RELEASE_TAG])
+                set_feature(v, b, FT_TAG, v.scr[S_RELEASE_TAG])
         if keeps_forest(v):
             link_cached(v, b, leaves)
         _set_word(v, b, W_KEY, leaf_key(v, b))
@@ -568,8 +587,10 @@ def note_hit(v, b):
     if policy == P_SIEVE:
         if not v.block_flags[b] & F_VISITED:
             _set_flags(v, b, v.block_flags[b] | F_VISITED)
-    elif policy == P_LFU or policy == P_PRIORITY:
+    elif policy == P_LFU:
         _set_word(v, b, W_VALUE, pol_words(v)[b, W_VALUE] + 1)
+    elif policy == P_PRIORITY:
+        set_feature(v, b, FT_HITS, feature(v, b, FT_HITS, 0) + 1)
 
 
 @inlined
@@ -582,11 +603,13 @@ def note_registered(v, b, prev, by_content, pos):
         return
     if policy == P_SIEVE:
         return  # unregistered blocks never have the bit (every unregistration clears flags)
-    _set_word(v, b, W_VALUE, -1 if policy == P_ORACLE else 0)
-    if policy == P_PRIORITY:
-        _set_word(v, b, W_HINT, -1)
-        _set_word(v, b, W_TAG, 0)
-        _set_word(v, b, W_DEPTH, pos)
+    if policy == P_LFU or policy == P_ORACLE:
+        _set_word(v, b, W_VALUE, -1 if policy == P_ORACLE else 0)
+    elif policy == P_PRIORITY:
+        set_feature(v, b, FT_HITS, 0)
+        set_feature(v, b, FT_HINT, -1)
+        set_feature(v, b, FT_TAG, 0)
+        set_feature(v, b, FT_DEPTH, pos)
     if not keeps_forest(v):
         return
     _set_link(v, b, L_GEN, pol_links(v)[b, L_GEN] + 1)
@@ -613,8 +636,10 @@ def note_unregistered(v, b):
 def set_next_use(v, b, next_use):
     """``oracle``, a priority policy: the trace position of the next use of block ``b``'s
     content (-1: never; a priority policy's ``next_use`` hint)."""
-    column = W_HINT if v.meta[M_POLICY] == P_PRIORITY else W_VALUE
-    _set_word(v, b, column, next_use)
+    if v.meta[M_POLICY] == P_PRIORITY:
+        set_feature(v, b, FT_HINT, next_use)
+    else:
+        _set_word(v, b, W_VALUE, next_use)
     if is_cached(v, b) and rekeys_on(v, REKEY_NEXT_USE):
         rekey(v, b)
 
@@ -622,7 +647,7 @@ def set_next_use(v, b, next_use):
 @inlined
 def set_tag(v, b, tag):
     """A priority policy: block ``b``'s tag (``kvnumba.priority.BlockFeatures.tag``)."""
-    _set_word(v, b, W_TAG, tag)
+    set_feature(v, b, FT_TAG, tag)
     if is_cached(v, b) and rekeys_on(v, REKEY_TAG):
         rekey(v, b)
 
