@@ -217,6 +217,9 @@ class BlockManager:
         self._one = OneRequest(self._pipeline, self._keys)
         # The one-request fast paths: LRU managers without a pool (keyed admits: with keys).
         self._fast = self._one.fast
+        # The batched append's first try: any manager without a page pool (on a pool, the
+        # pipeline's reclaim loop runs every call).
+        self._append_fast = page_pool is None
         self._max_seq_len = geometry.max_seq_len  # read by every append
         # Nothing to deliver after a commit: no eviction callback and no block events.
         self._quiet = on_evict is None and not block_events
@@ -313,7 +316,7 @@ class BlockManager:
             atomic = switch(atomic, "atomic")
         inputs = (ids, counts, tokens_in, has_tokens, atomic, self._max_seq_len)
         first = None
-        if self._fast:
+        if self._append_fast:
             # The decode step commits here without the pipeline's generality; anything else
             # (a failure, more record buffers) continues in the pipeline from this result.
             first = self._kernels.k_append(*inputs, *self._arenas.args)
