@@ -73,6 +73,7 @@ from kvnumba._layout import (
     REKEY_ORPHAN,
     REKEY_TAG,
     S_FEATURES,
+    S_LOG_ON,
     S_PRIORITY_FN,
     S_PRIORITY_REKEY,
     S_RELEASE_LEN,
@@ -169,9 +170,16 @@ def _less(ka, sa, kb, sb):
 
 
 @inlined
-def _place(v, i, b):
-    _set_link(v, i, L_HEAP, b)
-    _set_link(v, b, L_POS, i)
+def _place(v, links, logged, i, b):
+    """Block ``b`` at heap position ``i``: logged writes in a logged call, else plain ones to
+    the ``links`` the loop carved once (each logged write carves the field again, since the
+    compiler cannot know that the arena's header stays put)."""
+    if logged:
+        _set_link(v, i, L_HEAP, b)
+        _set_link(v, b, L_POS, i)
+    else:
+        links[i, L_HEAP] = b
+        links[b, L_POS] = i
 
 
 # The loops stay out of line, taking the three arenas rather than the views: an out-of-line
@@ -181,15 +189,16 @@ def _place(v, i, b):
 @inlined
 def _rise(v, links, words, i, b):
     """Put block ``b`` at heap position ``i`` or above it: past every parent it comes first."""
+    logged = v.scr[S_LOG_ON] != 0
     kb, sb = words[b, W_KEY], words[b, W_STAMP]
     while i > 0:
         p = (i - 1) >> 1
         q = links[p, L_HEAP]
         if not _less(kb, sb, words[q, W_KEY], words[q, W_STAMP]):
             break
-        _place(v, i, q)
+        _place(v, links, logged, i, q)
         i = p
-    _place(v, i, b)
+    _place(v, links, logged, i, b)
 
 
 @out_of_line
@@ -218,15 +227,16 @@ def _sift_down_at(arena, scratch, pool, i):
     v = views(arena, scratch, pool)
     links, words = pol_links(v), pol_words(v)
     n = v.meta[M_HEAP_N]
+    logged = v.scr[S_LOG_ON] != 0
     b = links[i, L_HEAP]
     kb, sb = words[b, W_KEY], words[b, W_STAMP]
     while 2 * i + 1 < n:
         c, bc, kc, sc = _smaller_child(links, words, 2 * i + 1, n)
         if not _less(kc, sc, kb, sb):
             break
-        _place(v, i, bc)
+        _place(v, links, logged, i, bc)
         i = c
-    _place(v, i, b)
+    _place(v, links, logged, i, b)
 
 
 @out_of_line
@@ -238,10 +248,11 @@ def _pop_top_at(arena, scratch, pool, last):
     v = views(arena, scratch, pool)
     links, words = pol_links(v), pol_words(v)
     n = v.meta[M_HEAP_N]
+    logged = v.scr[S_LOG_ON] != 0
     i = np.int64(0)
     while 2 * i + 1 < n:
         c, bc, _, _ = _smaller_child(links, words, 2 * i + 1, n)
-        _place(v, i, bc)
+        _place(v, links, logged, i, bc)
         i = c
     _rise(v, links, words, i, last)
 
@@ -261,7 +272,8 @@ def heap_push(v, b):
     """Add block ``b`` (its key and stamp set) to the heap."""
     n = v.meta[M_HEAP_N]
     v.meta[M_HEAP_N] = n + 1
-    _place(v, n, b)
+    _set_link(v, n, L_HEAP, b)
+    _set_link(v, b, L_POS, n)
     _sift_up(v, n)
 
 
@@ -277,7 +289,8 @@ def heap_remove(v, b):
         if i == 0:  # the victim, mostly
             _pop_top_at(v.arena, v.scratch, v.pool, last)
         else:
-            _place(v, i, last)
+            _set_link(v, i, L_HEAP, last)
+            _set_link(v, last, L_POS, i)
             _sift_up(v, i)
             _sift_down(v, np.int64(pol_links(v)[last, L_POS]))
 
