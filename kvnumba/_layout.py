@@ -582,7 +582,7 @@ def state_dims(g: Geometry) -> dict[str, int]:
 
 
 def policy_columns(
-    eviction: int, priority_forest: bool = True, priority_features: int = -1
+    eviction: int, priority_forest: bool = True, priority_features: int = 0
 ) -> tuple[int, int]:
     """Columns of ``pol_words`` and of ``pol_links`` under policy code ``eviction``.
 
@@ -590,8 +590,8 @@ def policy_columns(
     lives in ``meta`` and whose visited bit is :data:`F_VISITED`), key, stamp and hits and the
     heap under ``lfu``, key and stamp (and ``oracle`` its next uses), the heap and the prefix
     forest under the leaf policies; under a priority policy key and stamp, a column per stored
-    feature its function reads (bits of ``priority_features``, :data:`PRIORITY_STORED`; -1:
-    all), the heap, and the forest with ``priority_forest``.
+    feature its function reads (bits of ``priority_features``, :data:`PRIORITY_STORED`, as
+    :attr:`Geometry.priority_features`), the heap, and the forest with ``priority_forest``.
     """
     if eviction in (0, POLICY_CODES["sieve"]):
         return 0, 0

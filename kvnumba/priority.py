@@ -105,12 +105,21 @@ _REKEY_BITS = {
     "next_use": REKEY_NEXT_USE,
     "tag": REKEY_TAG,
 }
-# Instructions that read a local variable by name (one or, from Python 3.13, two at once).
+# Instructions that read one local variable by name.
 _LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_FAST_BORROW")
+# Fused instructions (Python 3.13 on) that name two locals, the one pushed last second:
+# ``LOAD_FAST_LOAD_FAST (a, b)`` loads both, ``STORE_FAST_LOAD_FAST (a, b)`` stores ``a``
+# and loads ``b``. An attribute read right after applies to ``b``.
+_FUSED_LOADS = ("LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW", "STORE_FAST_LOAD_FAST")
 
 
 def _attributes_read(fn) -> frozenset[str]:
-    """The features ``fn(f)`` reads as ``f.name``; all of them if ``f`` is used otherwise."""
+    """The features ``fn(f)`` reads as ``f.name``; all of them if ``f`` is used otherwise.
+
+    The kernels keep only the features read (:meth:`PriorityPolicy.stored_features`), so a
+    use of ``f`` this cannot follow (stored, passed on, indexed, captured, or named by an
+    instruction it does not know) counts as reading every feature.
+    """
     every = frozenset(FEATURES)
     code = getattr(fn, "__code__", None)
     if code is None or code.co_argcount != 1:
@@ -121,14 +130,15 @@ def _attributes_read(fn) -> frozenset[str]:
     ins = list(dis.get_instructions(code))
     reads = set()
     for i, op in enumerate(ins):
-        if op.argval == arg and op.opname.startswith(("STORE_", "DELETE_")):
-            return every
-        if op.opname.startswith("LOAD_FAST") and op.opname not in _LOADS:
-            if arg in (op.argval if isinstance(op.argval, tuple) else (op.argval,)):
-                return every  # a fused load of two locals: not followed by one attribute
+        names = op.argval if isinstance(op.argval, tuple) else (op.argval,)
+        if arg not in names:
             continue
-        if op.opname not in _LOADS or op.argval != arg:
-            continue
+        if op.opname in _LOADS:
+            pass
+        elif op.opname in _FUSED_LOADS and names[1] == arg and names[0] != arg:
+            pass  # the argument pushed last: its attribute may follow
+        else:
+            return every  # stored, deleted, fused otherwise, or an instruction not known here
         after = ins[i + 1] if i + 1 < len(ins) else None
         if after is None or after.opname != "LOAD_ATTR" or after.argval not in every:
             return every

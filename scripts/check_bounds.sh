@@ -2,7 +2,8 @@
 # Prove one corner of the versions pyproject.toml allows: a new venv (outside the checkout) with
 # the given Python, numba and numpy, kvnumba installed from this checkout, then the README's quick
 # start and the plain test suite (the kernels' semantics against the spec's examples, input
-# validation with nothing changed, the one-request calls against the batched ones) run there.
+# validation with nothing changed, the one-request calls against the batched ones, and which
+# features a priority function reads, from its bytecode) run there.
 # The eviction policies' kernels, which compile slowest on old numba releases, are left to the
 # main suite.
 #
@@ -53,3 +54,6 @@ export NUMBA_CACHE_DIR="$root/.numba_cache_bounds_py${pyver}_numba${numba}_numpy
 python3 scripts/readme_quickstart.py "$venv_python"
 "$venv_python" -m pytest -q -p no:cacheprovider tests/test_semantics.py tests/test_validation.py \
     tests/test_one_request.py
+# What a priority policy's function reads, found in its bytecode, which changes with Python.
+"$venv_python" -m pytest -q -p no:cacheprovider tests/test_priority_policies.py \
+    -k "features_read or reads_is_one_it_stores"

@@ -327,6 +327,26 @@ def _branches(f):
     return f.stamp if f.children else f.depth + f.orphan
 
 
+def _stores_then_reads(f):
+    return (base := 100) * f.hits + base  # Python 3.13 fuses the store with the load of f
+
+
+def _loads_two(f):
+    x = 2
+    return x + f.tag  # Python 3.13 loads x and f in one instruction
+
+
+def _reads_then_loads(f):
+    x = 3
+    return f.depth + x
+
+
+def _rebinds_f(f):
+    x = f
+    f = x
+    return f.hits
+
+
 EVERY = set(BlockFeatures._fields)
 
 
@@ -339,10 +359,47 @@ EVERY = set(BlockFeatures._fields)
         (_aliases_f, EVERY),
         (_indexes_f, EVERY),
         (_captures_f, EVERY),
+        (_stores_then_reads, {"hits"}),
+        (_loads_two, {"tag"}),
+        (_reads_then_loads, {"depth"}),
+        (_rebinds_f, EVERY),
     ],
 )
 def test_features_read_never_leave_out_what_the_function_uses(fn, reads):
     assert PriorityPolicy(fn, name="p").features_read() == reads
+
+
+class _Recorder:
+    """A feature record that notes every feature read and answers with ``value``."""
+
+    def __init__(self, value):
+        self.value, self.seen = value, set()
+
+    def __getattr__(self, name):
+        self.seen.add(name)
+        return self.value
+
+
+def test_every_feature_a_policy_reads_is_one_it_stores():
+    """The kernels keep only the features ``features_read`` names, so a read it missed would
+    see a placeholder: every attribute each function reads, called as Python on records of
+    several values (through every branch of these), is among them."""
+    from user_policies import USER_POLICIES
+
+    from kvnumba.policies import SHIPPED
+
+    functions = [_stamp_only, _branches, _stores_then_reads, _loads_two, _reads_then_loads]
+    policies = [*SHIPPED.values(), *USER_POLICIES, AS_LRU, AS_LEAF_LRU, as_oracle]
+    functions += [getattr(p.priority, "py_func", p.priority) for p in policies]
+    for fn in functions:
+        reads = PriorityPolicy(fn, name="p").features_read()
+        for value in (-1, 0, 1, 7, 1 << 33):
+            record = _Recorder(value)
+            try:
+                fn(record)
+            except ArithmeticError:  # a division by a feature of 0: what it read still counts
+                pass
+            assert record.seen <= reads, (fn.__name__, record.seen - reads)
 
 
 def test_rekey_triggers_are_the_features_read_or_all_with_a_clock():

@@ -18,9 +18,10 @@ min-heap of evictable blocks ordered by ``(key, stamp)``; ``sieve`` a hand on th
 and a visited bit per block (the flag ``F_VISITED``: sieve has no per-block fields); the leaf
 policies, and a priority policy that reads it, a forest of cached blocks (a parent link with the
 parent's generation, intrusive lists of cached children). A policy's rows hold only the columns it reads
-(``_layout.policy_columns``). All writes to the per-block fields (``pol_words`` and
-``pol_links``, columns ``W_*`` and ``L_*``, and the flags) are logged, so a failed logged call
-rolls them back; the ``meta`` slots are saved whole by such a call.
+(``_layout.policy_columns``). In a logged call every write to the per-block fields
+(``pol_words`` and ``pol_links``, columns ``W_*`` and ``L_*``, and the flags) is logged, so a
+failed logged call rolls them back; the ``meta`` slots are saved whole by such a call. Outside
+one, the heap's loops write their links plainly.
 """
 
 import numpy as np
@@ -118,8 +119,9 @@ def pol_links(v):
 
 @njit(cache=True, inline="always")
 def pol_words(v):
-    """The ``pol_words`` field (int64, ``W_*`` columns) of views ``v``'s state arena: 3 columns,
-    7 under a priority policy."""
+    """The ``pol_words`` field (int64, ``W_*`` columns) of views ``v``'s state arena: none under
+    ``lru`` and ``sieve``, 2 under ``leaf-lru``, 3 under ``lfu`` and ``oracle``, 2 to 7 under a
+    priority policy (``_layout.policy_columns``)."""
     arena = v.arena
     shape = (
         header_entry(arena, FIELD.pol_words, H_DIM0),
