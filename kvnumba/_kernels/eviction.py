@@ -274,8 +274,7 @@ def heap_push(v, b):
     """Add block ``b`` (its key and stamp set) to the heap."""
     n = v.meta[M_HEAP_N]
     v.meta[M_HEAP_N] = n + 1
-    _set_link(v, n, L_HEAP, b)
-    _set_link(v, b, L_POS, n)
+    _place(v, pol_links(v), v.scr[S_LOG_ON] != 0, n, b)
     _sift_up(v, n)
 
 
@@ -291,8 +290,7 @@ def heap_remove(v, b):
         if i == 0:  # the victim, mostly
             _pop_top_at(v.arena, v.scratch, v.pool, last)
         else:
-            _set_link(v, i, L_HEAP, last)
-            _set_link(v, last, L_POS, i)
+            _place(v, pol_links(v), v.scr[S_LOG_ON] != 0, i, last)
             _sift_up(v, i)
             _sift_down(v, np.int64(pol_links(v)[last, L_POS]))
 
