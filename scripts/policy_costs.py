@@ -9,10 +9,9 @@ Usage: ``python scripts/policy_costs.py [--repeat N] POLICY...``; one JSON line 
   (the asv benchmark ``EvictPerPolicy`` at batch 4,096, with its pool filling).
 
 It times kvnumba only (``kvnumba bench`` also replays the reference model, which takes most
-of its time), so many short runs fit in a session: compare two checkouts by running this
-script alternately with ``PYTHONPATH`` set to each (and a ``NUMBA_CACHE_DIR`` per checkout),
-and keep each side's fastest result; on a machine whose speed varies the fastest runs are the
-comparable ones.
+of its time), so many short runs fit in a session. To compare this checkout with an earlier
+commit, use ``scripts/side_by_side.py``, which times both in one process with these same
+measures.
 """
 
 from __future__ import annotations
@@ -38,9 +37,10 @@ from benchmarks import common  # noqa: E402
 POOL, BATCH = 65_536, 4_096
 
 
-def _evict_ns(policy: str, repeat: int) -> float:
-    """Nanoseconds per eviction: the fastest of ``repeat`` appends to ``BATCH`` sequences."""
-    mgr = kvnumba.BlockManager(
+def evict_ns(policy: str, repeat: int, manager_cls=kvnumba.BlockManager) -> float:
+    """Nanoseconds per eviction: the fastest of ``repeat`` appends to ``BATCH`` sequences
+    (``manager_cls``: ``scripts/side_by_side.py`` passes an earlier version's)."""
+    mgr = manager_cls(
         POOL,
         common.BLOCK_SIZE,
         max_seqs=2 * BATCH,
@@ -72,7 +72,7 @@ def measure(policy: str, repeat: int) -> dict:
         wl = available[name]()
         result = runner.run(wl, cls, repeat=repeat, impl="kvnumba")
         row[name] = round(min(result.times_ns) / wl.num_steps / 1e3, 2)
-    row["evict_ns"] = round(_evict_ns(policy, repeat), 1)
+    row["evict_ns"] = round(evict_ns(policy, repeat), 1)
     return row
 
 
