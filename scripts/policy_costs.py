@@ -62,16 +62,21 @@ def evict_ns(policy: str, repeat: int, manager_cls=kvnumba.BlockManager) -> floa
     return best / BATCH
 
 
+def step_us(name: str, manager_cls, repeat: int) -> tuple[float, runner.Counters]:
+    """Microseconds per step of the standard workload ``name`` (``decode``, ``churn``): the
+    fastest of ``repeat`` replays on ``manager_cls``, and what the replay did."""
+    wl = workloads.standard()[name]()
+    result = runner.run(wl, manager_cls, repeat=repeat, impl="kvnumba")
+    return min(result.times_ns) / wl.num_steps / 1e3, result.counters
+
+
 def measure(policy: str, repeat: int) -> dict:
     """The three costs of ``policy`` (see the module's docstring)."""
     prepare(stream=sys.stderr, policy=policy != "lru")
     cls = functools.partial(kvnumba.BlockManager, eviction=policy)
     row: dict = {"policy": policy}
-    available = workloads.standard()
     for name in ("decode", "churn"):
-        wl = available[name]()
-        result = runner.run(wl, cls, repeat=repeat, impl="kvnumba")
-        row[name] = round(min(result.times_ns) / wl.num_steps / 1e3, 2)
+        row[name] = round(step_us(name, cls, repeat)[0], 2)
     row["evict_ns"] = round(evict_ns(policy, repeat), 1)
     return row
 

@@ -1,4 +1,4 @@
-"""Time this checkout against an earlier commit in one process, alternating call by call.
+"""Time this checkout against an earlier commit in one process, alternating round by round.
 
 Usage: ``python scripts/side_by_side.py REF [--policies lru,t-lru] [--rounds 10]
 [--measures decode,churn,evict]``
@@ -80,7 +80,7 @@ def export_ref(ref: str, root: Path = ROOT / ".side_by_side") -> Path:
 
 
 def _prepare(package, policy: bool) -> None:
-    """Compile ``package``'s kernels before the first timed call (quietly if it can)."""
+    """Compile ``package``'s kernels before the first timed call."""
     kernels = importlib.import_module(f"{package.__name__}.kernels")
     if hasattr(kernels, "prepare"):  # older versions compile on first use
         kernels.prepare(stream=sys.stderr, policy=policy)
@@ -111,20 +111,16 @@ def main() -> None:
     import policy_costs
 
     import kvnumba
-    from kvnumba.bench import runner, workloads
 
     sides = {"this": kvnumba, "ref": importlib.import_module(REF_NAME)}
     for package in sides.values():
         _prepare(package, policy=policies != ["lru"])
-    available = workloads.standard()
 
     def once(package, policy: str, measure: str) -> tuple[float, object]:
-        cls = functools.partial(package.BlockManager, eviction=policy)
         if measure == "evict":
             return policy_costs.evict_ns(policy, 3, package.BlockManager), None
-        wl = available[measure]()
-        result = runner.run(wl, cls, repeat=3, impl=package.__name__)
-        return min(result.times_ns) / wl.num_steps / 1e3, result.counters
+        cls = functools.partial(package.BlockManager, eviction=policy)
+        return policy_costs.step_us(measure, cls, 3)
 
     times: dict[tuple, list[float]] = {}
     for r in range(args.rounds):
