@@ -33,7 +33,6 @@ import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 REF_NAME = "kvnumba_ref"
 _LABELS = {"decode": "W-decode, us/step", "churn": "W-churn, us/step", "evict": "ns/eviction"}
 _WORD = re.compile(r"\bkvnumba\b")
@@ -107,6 +106,7 @@ def main() -> None:
         parser.error(f"unknown measures: {', '.join(sorted(unknown))}")
     policies = args.policies.split(",")
 
+    sys.path.insert(0, str(ROOT / "scripts"))
     sys.path.insert(0, str(export_ref(args.ref)))
     import policy_costs
 

@@ -56,7 +56,11 @@ def test_the_exported_version_is_the_committed_package_under_another_name(tmp_pa
     home = script.export_ref("HEAD", root=tmp_path)
     package = home / script.REF_NAME
     committed = subprocess.run(
-        ["git", "ls-files", "kvnumba"], cwd=ROOT, check=True, capture_output=True, text=True
+        ["git", "ls-tree", "-r", "--name-only", "HEAD", "kvnumba"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.split()
     exported = sorted(
         str(Path("kvnumba") / p.relative_to(package)) for p in package.rglob("*") if p.is_file()
