@@ -39,6 +39,9 @@ F_VISITED = 32
 # its priority is the age: the *floor*, kept in release order on the LRU list (``M_HAND`` is
 # its oldest) instead of in the heap.
 F_FLOOR = 64
+# A priority policy: a cached block in one of its release-order runs (``M_RUN_HAND``): run 0
+# is marked ``F_FLOOR``, run 1 ``F_RUN1`` (``F_FLOOR << r`` for run ``r``).
+F_RUN1 = 128
 
 # --- meta slots (int64) ---------------------------------------------------------------------------
 M_FREE_TOP = 0  # number of blocks on the free stack
@@ -135,7 +138,15 @@ L_SIB_PREV = 6  # back link among a parent's cached children
 L_SIB_NEXT = 7  # forward link among them
 POL_LINKS = 8
 # A priority policy: the column of each stored feature (``FT_*``) in its blocks' rows, or -1.
-M_FEATURE_COL = M_PRIORITY_FOREST + 1
+# A priority policy's release-order runs: candidates kept in release order on the LRU list
+# instead of in the heap, each run's keys never decreasing along it (a key that grows with the
+# release stamp would otherwise make every eviction walk the heap's depth). A block released
+# with a key at least the newest key of a run (``M_RUN_KEY + r``) joins the first such run;
+# ``M_RUN_HAND + r`` is run ``r``'s oldest block, or NIL when it is empty.
+NUM_RUNS = 2
+M_RUN_HAND = M_PRIORITY_FOREST + 1
+M_RUN_KEY = M_RUN_HAND + NUM_RUNS
+M_FEATURE_COL = M_RUN_KEY + NUM_RUNS
 META_SIZE = M_FEATURE_COL + len(PRIORITY_STORED)
 
 # --- scratch control slots (scr, int64) -----------------------------------------------------------
@@ -288,7 +299,8 @@ STATE_FIELDS = (
         "block_flags",
         np.uint8,
         ("blocks",),
-        "``F_KNOWN | F_HASHED | F_REGISTERED | F_TRIMMED | F_ORPHAN | F_VISITED | F_FLOOR`` bits.",
+        "``F_KNOWN | F_HASHED | F_REGISTERED | F_TRIMMED | F_ORPHAN | F_VISITED | F_FLOOR | "
+        "F_RUN1`` bits.",
     ),
     Field("tokens", np.int64, ("blocks", "block_size"), "Token payload; -1 where no id is known."),
     Field(
@@ -652,6 +664,8 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
     meta[M_EVENTS] = 1 if g.block_events else 0
     meta[M_POLICY] = g.eviction
     meta[M_HAND] = NIL
+    for r in range(NUM_RUNS):
+        meta[M_RUN_HAND + r] = NIL
     meta[M_GROUPS] = len(g.groups)
     for i, (window, chunk) in enumerate(g.groups):
         meta[M_GROUP_WINDOW + i] = window

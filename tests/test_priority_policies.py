@@ -286,19 +286,56 @@ def test_a_priority_sees_only_cached_blocks_and_cannot_evict_a_referenced_one(bu
     assert int(out.stdout.split()[-1]) > 50
 
 
-def test_a_planted_heap_bug_under_a_priority_policy_is_caught():
-    """A corrupted key (a block sorted before its heap parent) is reported by ``check()``."""
-    from kvnumba._layout import L_HEAP, W_KEY
+@njit
+def _newest_first(f):
+    return -f.stamp
 
-    mgr = kvnumba.BlockManager(8, 1, eviction=every_feature)
+
+def test_a_planted_heap_bug_under_a_priority_policy_is_caught():
+    """A corrupted key (a block sorted before its heap parent) is reported by ``check()``.
+
+    Newest first: each key is below every earlier one, so after the two runs took one block
+    each the others go to the heap."""
+    from kvnumba._layout import L_HEAP, M_HEAP_N, W_KEY
+
+    mgr = kvnumba.BlockManager(8, 1, eviction=PriorityPolicy(_newest_first, name="newest"))
     for token in range(6):
         (s,) = mgr.admit([token], [1]).ids
         mgr.release([s])
     mgr.check()
     state = mgr._arenas.s  # writable views, as a bug in a kernel would write
+    assert state.meta[M_HEAP_N] == 4
     child = state.pol_links[1, L_HEAP]
     state.pol_words[child, W_KEY] = -(1 << 60)
     with pytest.raises(kvnumba.InvariantViolation, match="heap"):
+        mgr.check()
+
+
+@pytest.mark.parametrize("where", ["order", "hand", "mark"])
+def test_a_planted_run_bug_under_a_priority_policy_is_caught(where):
+    """A run out of release-key order, a hand that is not the run's oldest block, or a run
+    mark on a block in the heap is reported by ``check()``."""
+    from kvnumba._layout import F_RUN1, M_HEAP_N, M_RUN_HAND, W_KEY
+
+    mgr = kvnumba.BlockManager(8, 1, eviction=PriorityPolicy(_as_lru, name="stamp"))
+    for token in range(6):
+        (s,) = mgr.admit([token], [1]).ids
+        mgr.release([s])
+    mgr.check()
+    state = mgr._arenas.s  # writable views, as a bug in a kernel would write
+    assert state.meta[M_HEAP_N] == 0  # keys grow with release: all six in run 0
+    oldest = state.meta[M_RUN_HAND]
+    second = state.lru_next[oldest]
+    if where == "order":
+        state.pol_words[second, W_KEY] = state.pol_words[oldest, W_KEY] - 1
+        match = "out of order"
+    elif where == "hand":
+        state.meta[M_RUN_HAND] = second
+        match = "out of order"
+    else:
+        state.block_flags[second] |= F_RUN1
+        match = "policy flags"
+    with pytest.raises(kvnumba.InvariantViolation, match=match):
         mgr.check()
 
 

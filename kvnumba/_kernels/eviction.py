@@ -14,7 +14,8 @@ policies compile together, once, the first time any of them is chosen.
 
 Every policy keeps the LRU list as the cached blocks in release order (``trim`` and
 ``reset_prefix_cache`` walk it); what it adds: ``lfu``, ``leaf-lru`` and ``oracle`` a binary
-min-heap of evictable blocks ordered by ``(key, stamp)``; ``sieve`` a hand on the list
+min-heap of evictable blocks ordered by ``(key, stamp)`` (a priority policy also keeps
+release-order runs beside it, see ``_layout.M_RUN_HAND``); ``sieve`` a hand on the list
 and a visited bit per block (the flag ``F_VISITED``: sieve has no per-block fields); the leaf
 policies, and a priority policy that reads it, a forest of cached blocks (a parent link with the
 parent's generation, intrusive lists of cached children). A policy's rows hold only the columns it reads
@@ -40,6 +41,7 @@ from kvnumba._layout import (
     F_FLOOR,
     F_ORPHAN,
     F_REGISTERED,
+    F_RUN1,
     F_VISITED,
     FIELD,
     FT_DEPTH,
@@ -68,7 +70,10 @@ from kvnumba._layout import (
     M_POLICY_FAULTS,
     M_PRIORITY_FOREST,
     M_PRIORITY_LEAVES,
+    M_RUN_HAND,
+    M_RUN_KEY,
     NIL,
+    NUM_RUNS,
     REKEY_CHILDREN,
     REKEY_NEXT_USE,
     REKEY_ORPHAN,
@@ -302,6 +307,63 @@ def heap_fix(v, b):
     _sift_down(v, np.int64(pol_links(v)[b, L_POS]))
 
 
+# --- a priority policy's release-order runs (``_layout.M_RUN_HAND``) ---------------------------
+# A block joins a run only when it is released, so it is the newest block on the LRU list and
+# the run's order is its order there: when a run's oldest block leaves, the next one is found
+# by walking the list forward from it, as lfu's floor does (a hand passes each block once).
+@inlined
+def in_run(v, b):
+    """Whether cached block ``b`` is in a run of a priority policy."""
+    return v.meta[M_POLICY] == P_PRIORITY and (v.block_flags[b] & (F_FLOOR | F_RUN1)) != 0
+
+
+@inlined
+def run_next(v, b, flag):
+    """The next block after ``b`` in release order marked ``flag``, or NIL."""
+    c = v.lru_next[b]
+    while c != NIL and not v.block_flags[c] & flag:
+        c = v.lru_next[c]
+    return np.int64(c)
+
+
+@inlined
+def add_candidate(v, b):
+    """Cached block ``b``, just released with its key set, becomes a candidate: under a priority
+    policy in the first run whose newest key is at most its own (or that is empty), else in
+    the heap."""
+    meta = v.meta
+    if meta[M_POLICY] == P_PRIORITY:
+        key = pol_words(v)[b, W_KEY]
+        for r in range(NUM_RUNS):
+            if meta[M_RUN_HAND + r] == NIL or key >= meta[M_RUN_KEY + r]:
+                _set_flags(v, b, v.block_flags[b] | (F_FLOOR << r))
+                if meta[M_RUN_HAND + r] == NIL:
+                    meta[M_RUN_HAND + r] = b
+                meta[M_RUN_KEY + r] = key
+                return
+    heap_push(v, b)
+
+
+@inlined
+def is_candidate(v, b):
+    """Whether block ``b`` is a candidate for eviction: in the heap or in a run."""
+    return pol_links(v)[b, L_POS] != NIL or in_run(v, b)
+
+
+@inlined
+def drop_candidate(v, b):
+    """Candidate ``b`` stops being one (it leaves the cache, gains a child or is re-keyed)."""
+    flags = v.block_flags[b]
+    if in_run(v, b):
+        r = 0 if flags & F_FLOOR else 1
+        flag = F_FLOOR << r
+        if v.meta[M_RUN_HAND + r] == b:
+            v.meta[M_RUN_HAND + r] = run_next(v, b, flag)
+        _set_flags(v, b, flags ^ flag)
+    else:
+        heap_remove(v, b)
+
+
 # --- a priority policy's priority (``kvnumba.priority``) --------------------------------------
 def _call_priority_python(scr, address):
     """:func:`call_priority` run as Python: the policy is found by its registry key."""
@@ -393,9 +455,13 @@ def leaf_key(v, b):
 
 @inlined
 def rekey(v, b):
-    """Cached block ``b``'s features changed: its key again, the heap order restored."""
+    """Cached block ``b``'s features changed: its key again, the heap order restored (a block
+    of a run goes to the heap: its new key may not fit the run's order)."""
     _set_word(v, b, W_KEY, leaf_key(v, b))
-    if pol_links(v)[b, L_POS] != NIL:
+    if in_run(v, b):
+        drop_candidate(v, b)
+        heap_push(v, b)
+    elif pol_links(v)[b, L_POS] != NIL:
         heap_fix(v, b)
 
 
@@ -488,7 +554,7 @@ def enter_cache(v, b):
             link_cached(v, b, leaves)
         _set_word(v, b, W_KEY, leaf_key(v, b))
         if not leaves or pol_links(v)[b, L_KID] == NIL:
-            heap_push(v, b)
+            add_candidate(v, b)
 
 
 @inlined
@@ -496,8 +562,8 @@ def link_cached(v, b, leaves):
     """Block ``b``, just cached, joins its parent's cached children (or becomes an orphan)."""
     p = np.int64(pol_links(v)[b, L_PARENT])
     if p >= 0 and pol_links(v)[p, L_GEN] == pol_links(v)[b, L_PGEN]:
-        if leaves and pol_links(v)[p, L_KID] == NIL and pol_links(v)[p, L_POS] != NIL:
-            heap_remove(v, p)  # no longer a leaf
+        if leaves and pol_links(v)[p, L_KID] == NIL and is_candidate(v, p):
+            drop_candidate(v, p)  # no longer a leaf
         _link_kid(v, b, p)
         if v.meta[M_POLICY] == P_PRIORITY and not leaves and rekeys_on(v, REKEY_CHILDREN):
             if is_cached(v, p):
@@ -511,10 +577,7 @@ def floor_next(v, b):
     """``lfu``: the next block of the floor after ``b`` in release order, or NIL. The blocks it
     passes are in the heap; it passes each at most once per release (the floor only grows at
     the newest end), so the walk is O(1) amortized."""
-    c = v.lru_next[b]
-    while c != NIL and not v.block_flags[c] & F_FLOOR:
-        c = v.lru_next[c]
-    return np.int64(c)
+    return run_next(v, b, F_FLOOR)
 
 
 @inlined
@@ -540,8 +603,8 @@ def leave_cache(v, b, how):
         if meta[M_HAND] == b:
             meta[M_HAND] = floor_next(v, b)
         return
-    if pol_links(v)[b, L_POS] != NIL:
-        heap_remove(v, b)
+    if is_candidate(v, b):
+        drop_candidate(v, b)
     if policy == P_LFU or not keeps_forest(v):
         return
     flags = v.block_flags[b]
@@ -585,11 +648,19 @@ def choose_victim(v):
             floor != NIL and pol_words(v)[pol_links(v)[0, L_HEAP], W_KEY] > meta[M_POL_AGE]
         ):
             return np.int64(floor)
-    b = np.int64(pol_links(v)[0, L_HEAP])
+    b = np.int64(pol_links(v)[0, L_HEAP]) if meta[M_HEAP_N] != 0 else np.int64(NIL)
     if policy == P_LFU:
         meta[M_POL_AGE] = pol_words(v)[b, W_KEY]
     elif policy == P_PRIORITY:
-        meta[M_POL_AGE] = max(meta[M_POL_AGE], pol_words(v)[b, W_KEY])
+        words = pol_words(v)
+        for r in range(NUM_RUNS):  # the oldest block of a run may come first
+            c = meta[M_RUN_HAND + r]
+            if c != NIL and (
+                b == NIL
+                or _less(words[c, W_KEY], words[c, W_STAMP], words[b, W_KEY], words[b, W_STAMP])
+            ):
+                b = np.int64(c)
+        meta[M_POL_AGE] = max(meta[M_POL_AGE], words[b, W_KEY])
     return b
 
 

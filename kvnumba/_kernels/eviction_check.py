@@ -26,6 +26,7 @@ from kvnumba._layout import (
     F_FLOOR,
     F_ORPHAN,
     F_REGISTERED,
+    F_RUN1,
     F_VISITED,
     L_GEN,
     L_HEAP,
@@ -42,7 +43,10 @@ from kvnumba._layout import (
     M_POL_AGE,
     M_POLICY,
     M_POLICY_FAULTS,
+    M_RUN_HAND,
+    M_RUN_KEY,
     NIL,
+    NUM_RUNS,
     W_KEY,
     W_STAMP,
     W_VALUE,
@@ -60,6 +64,7 @@ C_POLICY_FAULT = 48
 C_POLICY_FLAG = 49
 C_POLICY_FLOOR = 50
 C_POLICY_AGE = 51
+C_POLICY_RUN = 52
 
 #: Words for the codes above (``check.MESSAGES`` includes them).
 POLICY_MESSAGES = {
@@ -78,10 +83,14 @@ POLICY_MESSAGES = {
     "block, or when only leaves are candidates a block with cached children)",
     C_POLICY_FLAG: "block {a} has policy flags {b} that its state does not allow (sieve's "
     "visited bit on an unregistered block or under another policy; an orphan mark without "
-    "the prefix forest; lfu's floor mark on a block not cached, in the heap or with hits)",
+    "the prefix forest; lfu's floor mark on a block not cached, in the heap or with hits; a "
+    "priority policy's run mark on a block not cached, in the heap, not a candidate or in two "
+    "runs)",
     C_POLICY_FLOOR: "lfu: the floor's oldest block is {b}, but the first floor block in release "
     "order is {a}",
     C_POLICY_AGE: "lfu: block {a} in the heap has priority {b}, below the age",
+    C_POLICY_RUN: "priority policy: run {a} is out of order at block {b} (its oldest block is "
+    "not its hand, a key decreases along it, or one is above the run's newest key)",
 }
 
 
@@ -110,12 +119,21 @@ def check_policy_state(st, seen):
             return C_POLICY_FLAG, b, flags
         if flags & F_ORPHAN and not forest:
             return C_POLICY_FLAG, b, flags
-        if flags & F_FLOOR:
+        if flags & F_FLOOR and policy == P_LFU:
             if (
-                policy != P_LFU
-                or not is_cached(st, b)
+                not is_cached(st, b)
                 or pol_links(st)[b, L_POS] != NIL
                 or pol_words(st)[b, W_VALUE] != 0
+            ):
+                return C_POLICY_FLAG, b, flags
+            floor += 1
+        elif flags & (F_FLOOR | F_RUN1):  # a run of a priority policy
+            if (
+                policy != P_PRIORITY
+                or (flags & F_FLOOR and flags & F_RUN1)
+                or not is_cached(st, b)
+                or pol_links(st)[b, L_POS] != NIL
+                or (leaves_only(st) and pol_links(st)[b, L_KID] != NIL)
             ):
                 return C_POLICY_FLAG, b, flags
             floor += 1
@@ -163,9 +181,26 @@ def check_policy_state(st, seen):
             if key[heap[i]] < meta[M_POL_AGE]:
                 return C_POLICY_AGE, heap[i], key[heap[i]]
         return 0, 0, 0
-    if not forest:  # a priority policy without the forest: every cached block in the heap
-        if n != meta[M_CACHED]:
-            return C_POLICY_HEAP, n, meta[M_CACHED]
+    # A priority policy's runs: each in release order from its hand, keys never decreasing,
+    # none above the run's newest key. ``floor`` counts their blocks.
+    for r in range(NUM_RUNS):
+        flag = F_FLOOR << r
+        first = meta[M_LRU_HEAD]
+        while first != NIL and not st.block_flags[first] & flag:
+            first = st.lru_next[first]
+        if first != meta[M_RUN_HAND + r]:
+            return C_POLICY_RUN, r, first
+        b = first
+        while b != NIL:
+            c = st.lru_next[b]
+            while c != NIL and not st.block_flags[c] & flag:
+                c = st.lru_next[c]
+            if (c != NIL and key[c] < key[b]) or key[b] > meta[M_RUN_KEY + r]:
+                return C_POLICY_RUN, r, b
+            b = c
+    if not forest:  # a priority policy without the forest: every cached block a candidate
+        if n + floor != meta[M_CACHED]:
+            return C_POLICY_HEAP, n + floor, meta[M_CACHED]
         return 0, 0, 0
     # The forest: every listed child cached, valid and listed once, under its own parent.
     seen[:] = 0
@@ -205,10 +240,10 @@ def check_policy_state(st, seen):
                 return C_POLICY_ORPHAN, b, p
         elif p == ORPHAN_AT_BIRTH or (p >= 0 and (gen[p] != pgen[b] or seen[b] == 0)):
             return C_POLICY_UNLINKED, b, p
-    if leaves != n and leaf:
-        return C_POLICY_HEAP, n, leaves
-    if not leaf and n != meta[M_CACHED]:
-        return C_POLICY_HEAP, n, meta[M_CACHED]
+    if leaves != n + floor and leaf:
+        return C_POLICY_HEAP, n + floor, leaves
+    if not leaf and n + floor != meta[M_CACHED]:
+        return C_POLICY_HEAP, n + floor, meta[M_CACHED]
     return 0, 0, 0
 
 
