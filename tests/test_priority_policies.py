@@ -291,6 +291,17 @@ def _newest_first(f):
     return -f.stamp
 
 
+def _six_cached(function, name):
+    """A manager under priority ``function`` whose six blocks were cached one by one, checked,
+    and its writable state views (as a bug in a kernel would write)."""
+    mgr = kvnumba.BlockManager(8, 1, eviction=PriorityPolicy(function, name=name))
+    for token in range(6):
+        (s,) = mgr.admit([token], [1]).ids
+        mgr.release([s])
+    mgr.check()
+    return mgr, mgr._arenas.s
+
+
 def test_a_planted_heap_bug_under_a_priority_policy_is_caught():
     """A corrupted key (a block sorted before its heap parent) is reported by ``check()``.
 
@@ -298,12 +309,7 @@ def test_a_planted_heap_bug_under_a_priority_policy_is_caught():
     each the others go to the heap."""
     from kvnumba._layout import L_HEAP, M_HEAP_N, W_KEY
 
-    mgr = kvnumba.BlockManager(8, 1, eviction=PriorityPolicy(_newest_first, name="newest"))
-    for token in range(6):
-        (s,) = mgr.admit([token], [1]).ids
-        mgr.release([s])
-    mgr.check()
-    state = mgr._arenas.s  # writable views, as a bug in a kernel would write
+    mgr, state = _six_cached(_newest_first, "newest")
     assert state.meta[M_HEAP_N] == 4
     child = state.pol_links[1, L_HEAP]
     state.pol_words[child, W_KEY] = -(1 << 60)
@@ -313,16 +319,11 @@ def test_a_planted_heap_bug_under_a_priority_policy_is_caught():
 
 @pytest.mark.parametrize("where", ["order", "hand", "mark"])
 def test_a_planted_run_bug_under_a_priority_policy_is_caught(where):
-    """A run out of release-key order, a hand that is not the run's oldest block, or a run
-    mark on a block in the heap is reported by ``check()``."""
+    """A run out of release-key order, a hand that is not the run's oldest block, or a block
+    marked in both runs is reported by ``check()``."""
     from kvnumba._layout import F_RUN1, M_HEAP_N, M_RUN_HAND, W_KEY
 
-    mgr = kvnumba.BlockManager(8, 1, eviction=PriorityPolicy(_as_lru, name="stamp"))
-    for token in range(6):
-        (s,) = mgr.admit([token], [1]).ids
-        mgr.release([s])
-    mgr.check()
-    state = mgr._arenas.s  # writable views, as a bug in a kernel would write
+    mgr, state = _six_cached(_as_lru, "stamp")
     assert state.meta[M_HEAP_N] == 0  # keys grow with release: all six in run 0
     oldest = state.meta[M_RUN_HAND]
     second = state.lru_next[oldest]
@@ -337,6 +338,25 @@ def test_a_planted_run_bug_under_a_priority_policy_is_caught(where):
         match = "policy flags"
     with pytest.raises(kvnumba.InvariantViolation, match=match):
         mgr.check()
+
+
+def test_t_lru_keeps_its_blocks_in_two_runs_not_the_heap():
+    """T-LRU's keys are the release stamp, offset for protected blocks: each class grows with
+    release order, so every cached block waits in one of the two runs and no eviction walks a
+    heap; the victims stay the reference model's (the differential run)."""
+    from kvnumba._layout import M_HEAP_N, M_RUN_HAND, NUM_RUNS
+    from kvnumba.policies import t_lru
+
+    # 16-token prompts of 4-token blocks: the first two blocks protected, the last two not.
+    mgr = kvnumba.BlockManager(64, 4, eviction=t_lru(next_query_tokens=0, slo_tokens=8))
+    for i in range(20):  # 80 blocks through a pool of 64: evictions from both runs
+        (s,) = mgr.admit(np.arange(16) + 100 * i, [16]).ids
+        mgr.release([s])
+        mgr.check()
+    state = mgr._arenas.s
+    assert mgr.stats().evictions > 0
+    assert state.meta[M_HEAP_N] == 0
+    assert all(state.meta[M_RUN_HAND + r] >= 0 for r in range(NUM_RUNS))
 
 
 def _stamp_only(f):
