@@ -137,7 +137,6 @@ L_KID = 5  # first listed cached child, or -1
 L_SIB_PREV = 6  # back link among a parent's cached children
 L_SIB_NEXT = 7  # forward link among them
 POL_LINKS = 8
-# A priority policy: the column of each stored feature (``FT_*``) in its blocks' rows, or -1.
 # A priority policy's release-order runs: candidates kept in release order on the LRU list
 # instead of in the heap, each run's keys never decreasing along it (a key that grows with the
 # release stamp would otherwise make every eviction walk the heap's depth). A block released
@@ -146,6 +145,7 @@ POL_LINKS = 8
 NUM_RUNS = 2
 M_RUN_HAND = M_PRIORITY_FOREST + 1
 M_RUN_KEY = M_RUN_HAND + NUM_RUNS
+# A priority policy: the column of each stored feature (``FT_*``) in its blocks' rows, or -1.
 M_FEATURE_COL = M_RUN_KEY + NUM_RUNS
 META_SIZE = M_FEATURE_COL + len(PRIORITY_STORED)
 

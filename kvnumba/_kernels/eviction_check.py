@@ -19,6 +19,7 @@ from kvnumba._kernels.eviction import (
     leaves_only,
     pol_links,
     pol_words,
+    run_next,
 )
 from kvnumba._kernels.jit import out_of_line
 from kvnumba._kernels.versions import is_policy
@@ -109,10 +110,11 @@ def check_policy_state(st, seen):
     if meta[M_POLICY_FAULTS] != 0:
         return C_POLICY_FAULT, meta[M_POLICY_FAULTS], 0
     # The flags only some policies use: the visited bit (sieve, registered blocks only), the
-    # floor mark (lfu, cached blocks without hits outside the heap) and the orphan mark (the
-    # forest policies; checked with the forest below).
+    # floor mark (lfu, cached blocks without hits outside the heap), the run marks (a priority
+    # policy, candidates outside the heap) and the orphan mark (the forest policies; checked
+    # with the forest below).
     forest = keeps_forest(st)
-    floor = 0
+    listed = 0  # lfu's floor and a priority policy's runs: candidates outside the heap
     for b in range(num_blocks):
         flags = st.block_flags[b]
         if flags & F_VISITED and (policy != P_SIEVE or not flags & F_REGISTERED):
@@ -126,7 +128,7 @@ def check_policy_state(st, seen):
                 or pol_words(st)[b, W_VALUE] != 0
             ):
                 return C_POLICY_FLAG, b, flags
-            floor += 1
+            listed += 1
         elif flags & (F_FLOOR | F_RUN1):  # a run of a priority policy
             if (
                 policy != P_PRIORITY
@@ -136,7 +138,7 @@ def check_policy_state(st, seen):
                 or (leaves_only(st) and pol_links(st)[b, L_KID] != NIL)
             ):
                 return C_POLICY_FLAG, b, flags
-            floor += 1
+            listed += 1
     if policy == P_SIEVE:
         hand = meta[M_HAND]
         if n != 0:
@@ -170,7 +172,7 @@ def check_policy_state(st, seen):
             if key[b] < key[p] or (key[b] == key[p] and stamp[b] < stamp[p]):
                 return C_POLICY_HEAP_ORDER, b, p
     if policy == P_LFU:
-        if n + floor != meta[M_CACHED]:
+        if n + listed != meta[M_CACHED]:
             return C_POLICY_HEAP, n, meta[M_CACHED]
         first = meta[M_LRU_HEAD]
         while first != NIL and not st.block_flags[first] & F_FLOOR:
@@ -182,7 +184,7 @@ def check_policy_state(st, seen):
                 return C_POLICY_AGE, heap[i], key[heap[i]]
         return 0, 0, 0
     # A priority policy's runs: each in release order from its hand, keys never decreasing,
-    # none above the run's newest key. ``floor`` counts their blocks.
+    # none above the run's newest key (``listed`` counted their blocks).
     for r in range(NUM_RUNS):
         flag = F_FLOOR << r
         first = meta[M_LRU_HEAD]
@@ -192,15 +194,13 @@ def check_policy_state(st, seen):
             return C_POLICY_RUN, r, first
         b = first
         while b != NIL:
-            c = st.lru_next[b]
-            while c != NIL and not st.block_flags[c] & flag:
-                c = st.lru_next[c]
+            c = run_next(st, b, flag)
             if (c != NIL and key[c] < key[b]) or key[b] > meta[M_RUN_KEY + r]:
                 return C_POLICY_RUN, r, b
             b = c
     if not forest:  # a priority policy without the forest: every cached block a candidate
-        if n + floor != meta[M_CACHED]:
-            return C_POLICY_HEAP, n + floor, meta[M_CACHED]
+        if n + listed != meta[M_CACHED]:
+            return C_POLICY_HEAP, n + listed, meta[M_CACHED]
         return 0, 0, 0
     # The forest: every listed child cached, valid and listed once, under its own parent.
     seen[:] = 0
@@ -240,10 +240,10 @@ def check_policy_state(st, seen):
                 return C_POLICY_ORPHAN, b, p
         elif p == ORPHAN_AT_BIRTH or (p >= 0 and (gen[p] != pgen[b] or seen[b] == 0)):
             return C_POLICY_UNLINKED, b, p
-    if leaves != n + floor and leaf:
-        return C_POLICY_HEAP, n + floor, leaves
-    if not leaf and n + floor != meta[M_CACHED]:
-        return C_POLICY_HEAP, n + floor, meta[M_CACHED]
+    if leaves != n + listed and leaf:
+        return C_POLICY_HEAP, n + listed, leaves
+    if not leaf and n + listed != meta[M_CACHED]:
+        return C_POLICY_HEAP, n + listed, meta[M_CACHED]
     return 0, 0, 0
 
 
