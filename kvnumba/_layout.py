@@ -286,12 +286,19 @@ class Field(NamedTuple):
 STATE_FIELDS = (
     Field("ref", np.int32, ("blocks",), "Reference count of every block."),
     Field("lru_prev", np.int32, ("blocks",), "Back link of the LRU list of cached blocks."),
-    Field("lru_next", np.int32, ("blocks",), "Forward link of the LRU list (head: least recent)."),
+    Field(
+        "lru_next",
+        np.int32,
+        ("blocks",),
+        "Forward link of the LRU list (head: least recent); with a page pool, of a free "
+        "block, the next one on its page's free list.",
+    ),
     Field(
         "free_stack",
         np.int32,
-        ("blocks",),
-        "Free block ids; the first ``meta[M_FREE_TOP]`` are live, the last is popped first.",
+        ("unpaged_blocks",),
+        "Free block ids; the first ``meta[M_FREE_TOP]`` are live, the last is popped first "
+        "(no rows with a page pool, whose pages keep their own free lists).",
     ),
     Field("block_hash", np.uint64, ("blocks",), "Chained content hash of a full, hashed block."),
     Field("block_salt", np.int64, ("blocks",), "Salt of the sequence that filled the block."),
@@ -357,7 +364,6 @@ STATE_FIELDS = (
         "Unmapped virtual pages; the first ``meta[M_VTOP]`` are live, the last is popped first.",
     ),
     Field("page_stamp", np.int64, ("pages",), "Pool clock tick at which a page became cache-only."),
-    Field("block_next", np.int32, ("paged_blocks",), "Next block of the same page's free list."),
     Field(
         "buckets",
         np.int32,
@@ -446,7 +452,6 @@ class State(NamedTuple):
     co_next: np.ndarray
     vstack: np.ndarray
     page_stamp: np.ndarray
-    block_next: np.ndarray
     buckets: np.ndarray
     pol_words: np.ndarray
     pol_links: np.ndarray
@@ -576,6 +581,7 @@ def state_dims(g: Geometry) -> dict[str, int]:
     words, links = policy_columns(g.eviction, g.priority_forest, g.priority_features)
     return {
         "blocks": g.num_blocks,
+        "unpaged_blocks": 0 if k else g.num_blocks,
         "block_size": g.block_size,
         "key_blocks": g.num_blocks if g.block_keys else 0,
         "four": 4,
@@ -585,7 +591,6 @@ def state_dims(g: Geometry) -> dict[str, int]:
         "blocks_per_seq": g.blocks_per_seq,
         "meta": META_SIZE,
         "pages": g.num_pages,
-        "paged_blocks": g.num_blocks if k else 0,
         "blocks_per_page": k,
         "policy_blocks": g.num_blocks if links else 0,
         "pol_words": words,
@@ -643,8 +648,9 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
     state.lru_prev[:] = NIL
     state.lru_next[:] = NIL
     r = g.reserved_blocks
-    # Reversed: the lowest unreserved block is popped first; reserved blocks are never listed.
-    state.free_stack[: n - r] = np.arange(n - 1, r - 1, -1)
+    if not k:
+        # Reversed: the lowest unreserved block is popped first; reserved blocks never listed.
+        state.free_stack[: n - r] = np.arange(n - 1, r - 1, -1)
     state.tokens[:] = -1
     state.htab[:] = EMPTY
     state.seq_table[:] = NIL
@@ -690,7 +696,6 @@ def new_state(g: Geometry, id_tag: int = 0) -> tuple[np.ndarray, State]:
         for name in ("page_phys", "page_head", "bucket_prev", "bucket_next", "co_prev", "co_next"):
             v[name][:] = NIL
         state.vstack[:] = np.arange(num_pages - 1, -1, -1)
-        state.block_next[:] = NIL
         state.buckets[:] = NIL
         meta[M_PAGE_K] = k
         meta[M_FREE_TOP] = 0

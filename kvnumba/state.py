@@ -12,7 +12,8 @@ instead of private constants:
 - :func:`seq_slot`: the row of ``state.seq_table`` (and of the other per-sequence fields) that
   holds a sequence;
 - :func:`registered_blocks`: the registered blocks, those of one key in the order lookups try
-  them (``cache_duplicates``).
+  them (``cache_duplicates``);
+- :func:`free_blocks`: the empty blocks, in the order allocations take them.
 
 Reading is safe between calls; the arrays change only inside a manager's calls.
 """
@@ -31,6 +32,7 @@ __all__ = [
     "BlockFlag",
     "Meta",
     "State",
+    "free_blocks",
     "registered_blocks",
     "seq_slot",
     "slot_mask",
@@ -40,7 +42,8 @@ __all__ = [
 class Meta:
     """Slots of ``state.meta`` that integrations read (plain ints: ``state.meta[Meta.USED]``)."""
 
-    #: Blocks on the free stack (``state.free_stack[:FREE_TOP]``).
+    #: Blocks on the free stack (``state.free_stack[:FREE_TOP]``, the last taken first;
+    #: :func:`free_blocks` lists them in that order).
     FREE_TOP = _layout.M_FREE_TOP
     #: Least recently released cached block (under LRU the next evicted), or ``NIL``; follow
     #: ``state.lru_next`` from it: every policy keeps the cached blocks in release order.
@@ -114,3 +117,23 @@ def registered_blocks(state: State) -> np.ndarray:
     home = (np.asarray(state.block_hash)[blocks] & np.uint64(mask)).astype(np.int64)
     distance = (slots - home) & mask
     return blocks[np.argsort(distance, kind="stable")]
+
+
+def free_blocks(state: State) -> np.ndarray:
+    """The empty blocks, in the order allocations take them (the free stack from its top).
+
+    Allocations take these before they evict a cached block. With a page pool there are none
+    here: a page's free blocks are on its own list.
+
+    Parameters
+    ----------
+    state : State
+        ``mgr.state``.
+
+    Returns
+    -------
+    numpy.ndarray of int64
+        Block ids, the first taken first.
+    """
+    top = int(state.meta[Meta.FREE_TOP])
+    return np.asarray(state.free_stack)[:top][::-1].astype(np.int64)

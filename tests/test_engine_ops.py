@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import kvnumba
-from kvnumba._layout import F_HASHED, F_REGISTERED, M_FREE_TOP, M_LRU_HEAD, M_REGISTERED, NIL
+from kvnumba._layout import F_HASHED, F_REGISTERED, M_LRU_HEAD, M_REGISTERED, NIL
+from kvnumba.state import free_blocks
 
 
 def lru(mgr) -> list[int]:
@@ -24,7 +25,7 @@ def lru(mgr) -> list[int]:
 
 
 def free_stack(mgr) -> list[int]:
-    return mgr.state.free_stack[: mgr.state.meta[M_FREE_TOP]].tolist()
+    return free_blocks(mgr.state)[::-1].tolist()  # bottom to top: the last is taken next
 
 
 def registered(mgr) -> set[int]:

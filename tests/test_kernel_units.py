@@ -421,7 +421,6 @@ _LOGGED = (
     "co_next",
     "vstack",
     "page_stamp",
-    "block_next",
     "buckets",
     # Eviction policies other than LRU (their fields have no rows under LRU).
     "pol_words",
@@ -565,7 +564,7 @@ def _check_pages(mgr, model):
             assert s.bucket_prev[q] == p
     for page in range(len(s.page_free)):
         top_first = model.free.get(page, [])[::-1]
-        assert _walk(s.block_next, s.page_head[page], k) == top_first
+        assert _walk(s.lru_next, s.page_head[page], k) == top_first
         assert s.page_free[page] == len(top_first)
         assert (s.page_phys[page] >= 0) == (page in model.free)
         if page in model.free:

@@ -53,10 +53,9 @@ class Probe:
     def free(self) -> list[int]:
         if self.model:
             return self.mgr.free_blocks()
-        from kvnumba._layout import M_FREE_TOP
+        from kvnumba.state import free_blocks
 
-        state = self.mgr.state
-        return state.free_stack[: state.meta[M_FREE_TOP]].tolist()
+        return free_blocks(self.mgr.state)[::-1].tolist()  # bottom to top, as the model
 
     def payload(self, block: int) -> list[int]:
         if self.model:

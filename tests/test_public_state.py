@@ -11,7 +11,7 @@ import pytest
 
 import kvnumba
 from kvnumba import errors as E
-from kvnumba.state import NIL, BlockFlag, Meta, seq_slot, slot_mask
+from kvnumba.state import NIL, BlockFlag, Meta, free_blocks, seq_slot, slot_mask
 
 PACKAGE = pathlib.Path(kvnumba.__file__).parent
 
@@ -43,8 +43,26 @@ def test_meta_and_flags_describe_the_state_as_stats_do():
         assert state.block_flags[block] & BlockFlag.HASHED
         assert state.block_flags[block] & BlockFlag.KNOWN
         assert state.ref[block] == 0
-    free = state.free_stack[: int(state.meta[Meta.FREE_TOP])]
-    assert not set(free.tolist()) & set(order)
+    free = free_blocks(state)
+    assert len(free) == stats.free and not set(free.tolist()) & set(order)
+
+
+def test_free_blocks_lists_the_empty_blocks_in_the_order_allocations_take_them():
+    mgr = kvnumba.BlockManager(16, 2, max_seqs=4, reserved_blocks=2)
+    assert free_blocks(mgr.state).tolist() == list(range(2, 16))  # lowest unreserved first
+    a = mgr.admit(np.arange(5), [5])  # takes three blocks
+    b = mgr.admit(np.arange(50, 53), [3])  # two more
+    mgr.release(a.ids)  # three blocks: the tail (partial) freed first, the two full ones cached
+    expected = free_blocks(mgr.state).tolist()
+    assert len(expected) == mgr.stats().free == 16 - 2 - 2 - 2
+    # The next allocations take exactly these blocks, in this order.
+    seq = mgr.new_sequences(1)
+    mgr.append(seq, [2 * len(expected)])
+    row = mgr.state.seq_table[seq_slot(int(seq[0]), mgr.max_seqs)]
+    assert row[: len(expected)].tolist() == expected
+    assert free_blocks(mgr.state).tolist() == [] and mgr.stats().cached == 2
+    mgr.release(np.concatenate([b.ids, seq]))
+    mgr.check()
 
 
 def test_seq_slot_and_slot_mask_name_the_table_row():

@@ -17,9 +17,10 @@ from user_policies import USER_POLICIES
 
 import kvnumba
 from kvnumba import KVCacheGroup
-from kvnumba._layout import F_TRIMMED, M_FREE_TOP, M_LRU_HEAD, NIL
+from kvnumba._layout import F_TRIMMED, M_LRU_HEAD, NIL
 from kvnumba.eviction import BUILTIN_POLICIES, EVICTION_POLICIES
 from kvnumba.reference import ReferenceBlockManager
+from kvnumba.state import free_blocks
 from kvnumba.windows import first_needed_block
 
 TOKENS = st.integers(0, 2)  # a tiny alphabet, so equal prefixes (and cache hits) are common
@@ -366,7 +367,8 @@ class KernelsVersusReference(RuleBasedStateMachine):
         stats = self.kv.stats()
         assert stats.used + stats.cached + stats.free == self.kv.num_blocks
         state = self.kv.state
-        assert state.free_stack[: state.meta[M_FREE_TOP]].tolist() == self.ref.free_blocks()
+        # The reference lists its free stack bottom to top; free_blocks gives the taking order.
+        assert free_blocks(state)[::-1].tolist() == self.ref.free_blocks()
         assert lru_order(self.kv) == self.ref.lru_blocks()
         refs = [self.ref.ref_count(b) for b in range(self.kv.num_blocks)]
         assert state.ref.tolist() == refs

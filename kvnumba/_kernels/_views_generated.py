@@ -44,8 +44,7 @@ def views(arena, scratch, pool):
         carve(arena, h[130], (h[131] >> 2,), np.int32),  # co_next
         carve(arena, h[135], (h[136] >> 2,), np.int32),  # vstack
         carve(arena, h[140], (h[141] >> 3,), np.int64),  # page_stamp
-        carve(arena, h[145], (h[146] >> 2,), np.int32),  # block_next
-        carve(arena, h[150], (h[151] >> 2,), np.int32),  # buckets
+        carve(arena, h[145], (h[146] >> 2,), np.int32),  # buckets
         carve(scratch, g[0], (g[3], g[4]), np.int64),  # ulog
         carve(scratch, g[5], (g[6] >> 3,), np.int64),  # ev_ids
         carve(scratch, g[10], (g[11] >> 3,), np.uint64),  # ev_hash

@@ -147,7 +147,7 @@ def check_pages(seen, marks, arena, scratch, pool):
     """Check the page structures of a manager on a page pool; mark its free blocks ``seen``."""
     st = views(arena, scratch, pool)
     ref, block_flags, tokens, meta = st.ref, st.block_flags, st.tokens, st.meta
-    page_stamp, block_next, buckets = st.page_stamp, st.block_next, st.buckets
+    page_stamp, lru_next, buckets = st.page_stamp, st.lru_next, st.buckets
     phys_of, free_of, used_of, head_of = st.page_phys, st.page_free, st.page_used, st.page_head
     _, _, owner = pool_views(pool)
     k = meta[M_PAGE_K]
@@ -200,7 +200,7 @@ def check_pages(seen, marks, arena, scratch, pool):
                     return C_PAGE_FREE_LIST, v, b
             seen[b] = 1
             count += 1
-            b = block_next[b]
+            b = lru_next[b]
         if count != free_of[v] or count >= k:
             return C_PAGE_FREE_COUNT, v, free_of[v]
         free_mapped += count
@@ -390,6 +390,9 @@ def check_state(arena, scratch, pool, counts, seen, marks):
     free_top = meta[M_FREE_TOP]
     if free_top < 0 or free_top > num_blocks:
         return C_COUNTER, M_FREE_TOP, free_top
+    # With a page pool the free stack has no rows: a page's free blocks are on its own list.
+    if free_top > free_stack.shape[0]:
+        return C_COUNTER, M_FREE_TOP, free_top
     for i in range(free_top):
         b = free_stack[i]
         if b < 0 or b >= num_blocks or seen[b] != 0:
@@ -401,8 +404,6 @@ def check_state(arena, scratch, pool, counts, seen, marks):
             if tokens[b, j] != -1:
                 return C_FREE_BLOCK_DIRTY, b, j
     if meta[M_PAGE_K] != 0:
-        if free_top != 0:
-            return C_COUNTER, M_FREE_TOP, free_top
         code, a, c = check_pages(seen, marks, arena, scratch, pool)
         if code != 0:
             return code, a, c

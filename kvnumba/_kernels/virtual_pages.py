@@ -1,9 +1,9 @@
 """Two-level allocation: the virtual pages of a manager and the physical pages behind them.
 
 With a page pool, block ``b`` lives in virtual page ``b // k``. Free blocks of mapped pages sit
-on per-page LIFO free lists (linked through ``block_next``); mapped pages with ``c`` free blocks
-(``1 <= c < k``) sit in bucket ``c`` (:mod:`.links`), so the fullest page with a free block is
-the front of the lowest non-empty bucket. Unmapped virtual pages sit on a LIFO stack. Pages
+on per-page LIFO free lists (linked through ``lru_next``: a free block is on no LRU list);
+mapped pages with ``c`` free blocks (``1 <= c < k``) sit in bucket ``c`` (:mod:`.links`), so
+the fullest page with a free block is the front of the lowest non-empty bucket. Unmapped virtual pages sit on a LIFO stack. Pages
 whose blocks are all free or cached, at least one cached, form the cache-only list, oldest
 first. ``docs/design.md`` states the policy these helpers implement.
 
@@ -86,7 +86,7 @@ def take_from_pages(v):
         page = np.int64(v.buckets[c])  # one compiled helper signature: int64 page ids
         bucket_unlink(v, page, c)
         b = np.int64(v.page_head[page])
-        set_logged(v, v.page_head, FIELD.page_head, page, v.block_next[b])
+        set_logged(v, v.page_head, FIELD.page_head, page, v.lru_next[b])
         set_logged(v, v.page_free, FIELD.page_free, page, c - 1)
         if c > 1:
             bucket_push(v, page, c - 1)
@@ -107,9 +107,7 @@ def take_from_pages(v):
     # The page's free list holds its other blocks, lowest id on top.
     first = page * k
     for j in range(1, k):
-        set_logged(
-            v, v.block_next, FIELD.block_next, first + j, first + j + 1 if j + 1 < k else NIL
-        )
+        set_logged(v, v.lru_next, FIELD.lru_next, first + j, first + j + 1 if j + 1 < k else NIL)
     set_logged(v, v.page_head, FIELD.page_head, page, first + 1 if k > 1 else NIL)
     set_logged(v, v.page_free, FIELD.page_free, page, k - 1)
     set_logged(v, v.page_used, FIELD.page_used, page, 1)
@@ -170,7 +168,7 @@ def free_in_page(v, b):
         bucket_unlink(v, page, c)
     c += 1
     set_logged(v, v.page_free, FIELD.page_free, page, c)
-    set_logged(v, v.block_next, FIELD.block_next, b, v.page_head[page])
+    set_logged(v, v.lru_next, FIELD.lru_next, b, v.page_head[page])
     set_logged(v, v.page_head, FIELD.page_head, page, b)
     v.meta[M_FREE_MAPPED] += 1
     if c == k:
@@ -200,7 +198,7 @@ def evicted_to_page(v, b):
     if c > 0:
         bucket_unlink(v, page, c)
     set_logged(v, v.page_free, FIELD.page_free, page, c + 1)
-    set_logged(v, v.block_next, FIELD.block_next, b, v.page_head[page])
+    set_logged(v, v.lru_next, FIELD.lru_next, b, v.page_head[page])
     set_logged(v, v.page_head, FIELD.page_head, page, b)
     v.meta[M_FREE_MAPPED] += 1
     bucket_push(v, page, c + 1)

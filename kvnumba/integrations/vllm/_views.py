@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from kvnumba.integrations.vllm._blocks import GROUP_BYTES, KVNumbaBlock, block_hash_of
-from kvnumba.state import NIL, Meta, registered_blocks
+from kvnumba.state import NIL, Meta, free_blocks, registered_blocks
 
 
 class FreeQueueView:
@@ -37,8 +37,7 @@ class FreeQueueView:
     def get_all_free_blocks(self) -> list[KVNumbaBlock]:
         """Every allocatable block in the order kvnumba would hand them out (O(pool))."""
         state = self._pool.state
-        top = int(state.meta[Meta.FREE_TOP])
-        order = state.free_stack[:top][::-1].tolist()
+        order = free_blocks(state).tolist()
         b = int(state.meta[Meta.LRU_HEAD])
         nxt = state.lru_next
         while b != NIL:
