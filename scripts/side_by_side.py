@@ -1,7 +1,7 @@
 """Time this checkout against an earlier commit in one process, alternating round by round.
 
 Usage: ``python scripts/side_by_side.py REF [--policies lru,t-lru] [--rounds 10]
-[--measures decode,churn,evict]``
+[--measures decode,churn,evict,micro]``
 
 The package as it was at ``REF`` (any name ``git`` knows: a commit, a tag, ``HEAD``) is
 exported to ``.side_by_side/<commit>/`` and renamed ``kvnumba_ref`` (every word ``kvnumba`` in
@@ -12,7 +12,9 @@ goes first alternating from round to round:
 - ``decode``, ``churn``: microseconds per step of W-decode and W-churn (``kvnumba bench``'s
   workloads), the fastest of 3 replays; the replay harness is this checkout's for both sides,
   and the two sides' counters (evictions, hits, final block tables) must agree;
-- ``evict``: nanoseconds per eviction, as ``scripts/policy_costs.py`` measures it.
+- ``evict``: nanoseconds per eviction, as ``scripts/policy_costs.py`` measures it;
+- ``micro``: nanoseconds per block of W-micro at 4,096 blocks per call (one call allocating
+  them, one freeing them), the fastest of 3 replays.
 
 The table gives each side's fastest and median round and the ratio of the fastest (this
 checkout over ``REF``). Two versions in one process share the machine's moment, so a ratio
@@ -34,7 +36,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REF_NAME = "kvnumba_ref"
-_LABELS = {"decode": "W-decode, us/step", "churn": "W-churn, us/step", "evict": "ns/eviction"}
+_LABELS = {
+    "decode": "W-decode, us/step",
+    "churn": "W-churn, us/step",
+    "evict": "ns/eviction",
+    "micro": "W-micro, ns/block (allocate + free)",
+}
+_MICRO_BLOCKS = 4096
 _WORD = re.compile(r"\bkvnumba\b")
 
 
@@ -97,11 +105,13 @@ def main() -> None:
     parser.add_argument("--policies", default="lru", help="comma-separated (default lru)")
     parser.add_argument("--rounds", type=int, default=10, help="rounds (default 10)")
     parser.add_argument(
-        "--measures", default="decode,churn,evict", help="of decode, churn, evict (default all)"
+        "--measures",
+        default="decode,churn,evict",
+        help="of decode, churn, evict, micro (default decode,churn,evict)",
     )
     args = parser.parse_args()
     measures = args.measures.split(",")
-    unknown = set(measures) - {"decode", "churn", "evict"}
+    unknown = set(measures) - set(_LABELS)
     if unknown:
         parser.error(f"unknown measures: {', '.join(sorted(unknown))}")
     policies = args.policies.split(",")
@@ -120,6 +130,9 @@ def main() -> None:
         if measure == "evict":
             return policy_costs.evict_ns(policy, 3, package.BlockManager), None
         cls = functools.partial(package.BlockManager, eviction=policy)
+        if measure == "micro":
+            us, counters = policy_costs.step_us(f"micro-{_MICRO_BLOCKS}", cls, 3)
+            return us * 1e3 / _MICRO_BLOCKS, counters
         return policy_costs.step_us(measure, cls, 3)
 
     times: dict[tuple, list[float]] = {}
